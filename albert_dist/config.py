@@ -1,0 +1,271 @@
+"""Job configuration: YAML files validated into typed sections, with `--set a.b=value` overrides.
+
+Every job (data preparation, pretraining, fine-tuning, distillation, sweeps) is one pydantic model built from the
+sections below. Unknown keys and impossible values raise `ConfigError` with one message naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from albert_dist.errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Section):
+    name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
+    output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store.")
+    seed: int = 0
+
+    @property
+    def run_dir(self) -> Path:
+        return resolve_path(self.output_dir) / self.name
+
+
+class ModelSection(Section):
+    """A preset plus field overrides; `None` keeps the preset's value. Field names as transformers.AlbertConfig."""
+
+    preset: Literal["tiny", "base", "large", "xlarge", "xxlarge"] = "tiny"
+    init_from: str | None = Field(None, description="A model directory (ours or transformers') to start from.")
+    embedding_size: int | None = Field(None, gt=0)
+    hidden_size: int | None = Field(None, gt=0)
+    num_hidden_layers: int | None = Field(None, gt=0)
+    num_hidden_groups: int | None = Field(None, gt=0)
+    num_attention_heads: int | None = Field(None, gt=0)
+    intermediate_size: int | None = Field(None, gt=0)
+    inner_group_num: int | None = Field(None, gt=0)
+    hidden_act: str | None = None
+    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1)
+    attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1)
+    classifier_dropout_prob: float | None = Field(None, ge=0, lt=1)
+    max_position_embeddings: int | None = Field(None, gt=0)
+
+    def overrides(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump(exclude={"preset", "init_from"}).items() if v is not None}
+
+    def build(self, vocab_size: int, **extra: Any):
+        """The `AlbertConfig` for this section; model validation errors are reported as config errors."""
+        from albert_dist.model import AlbertConfig
+
+        try:
+            return AlbertConfig.from_preset(self.preset, vocab_size=vocab_size, **self.overrides(), **extra)
+        except ConfigError as err:
+            raise ConfigError(f"model: {err}") from None
+
+
+class TokenizerSection(Section):
+    path: str | None = Field(None, description="An existing tokenizer (dir with spiece.model or vocab.txt); "
+                                               "when empty one is trained on the corpus.")
+    vocab_size: int = Field(8000, ge=100)
+    character_coverage: float = Field(0.99995, gt=0, le=1)
+    input_sentence_size: int = Field(1_000_000, gt=0, description="Lines sampled from the corpus for training.")
+    model_type: Literal["unigram", "bpe"] = "unigram"
+
+
+class MaskingSection(Section):
+    """Masked-LM masking, dynamic at training time (or static, written with the data)."""
+
+    mlm_probability: float = Field(0.15, gt=0, lt=1)
+    max_predictions_per_seq: int = Field(20, gt=0)
+    max_ngram: int = Field(3, ge=1, le=10)
+    whole_word: bool = True
+    static: bool = Field(False, description="Write masks with the data (google-research's setup) instead of "
+                                            "drawing new ones each epoch.")
+    pad_to_multiple_of: int = Field(8, ge=1)
+
+
+class DataSection(Section):
+    inputs: list[str] = Field(default_factory=list, description="Files, directories or globs (.gz allowed).")
+    format: Literal["auto", "sentences", "lines", "blocks", "jsonl", "parquet"] = Field(
+        "auto", description="sentences: one sentence per line, blank line between documents (google-research); "
+                            "lines: one document per line; blocks: blank-line separated documents; "
+                            "jsonl/parquet: one document per record.")
+    text_field: str = "text"
+    language: Literal["auto", "en", "zh"] = "auto"
+    output: str = Field("data/prepared", description="Prepared dataset directory (relative to run.output_dir).")
+    max_seq_length: int = Field(128, ge=8, le=8192)
+    short_seq_prob: float = Field(0.1, ge=0, le=1)
+    dupe_factor: int = Field(1, ge=1)
+    eval_fraction: float = Field(0.02, ge=0, lt=1, description="Share of documents held out for evaluation.")
+    rows_per_shard: int = Field(50_000, gt=0)
+    tokenizer_actors: int = Field(1, ge=1)
+    word_segmenter: Literal["jieba"] | None = None
+    seed: int = 12345
+
+
+class ScalingSection(Section):
+    num_workers: int = Field(2, ge=1)
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(0.5, gt=0)
+    gpus_per_worker: float = Field(1.0, gt=0)
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+
+
+class TrainSection(Section):
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    optimizer: Literal["lamb", "adamw"] = "lamb"
+    learning_rate: float = Field(1.76e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    adam_epsilon: float = Field(1e-6, gt=0)
+    warmup_steps: int = Field(100, ge=0)
+    max_steps: int = Field(1000, gt=0)
+    lr_decay_power: float = Field(1.0, ge=0)
+    batch_size: int = Field(32, gt=0, description="Per worker, per micro-batch.")
+    grad_accum_steps: int = Field(1, ge=1)
+    max_grad_norm: float = Field(1.0, ge=0, description="0 disables clipping.")
+    log_every: int = Field(10, gt=0)
+    eval_every: int = Field(200, gt=0)
+    eval_batches: int = Field(20, gt=0)
+    checkpoint_every: int = Field(200, gt=0)
+    keep_checkpoints: int = Field(3, ge=1)
+    max_failures: int = Field(2, ge=-1, description="Worker restarts from the latest checkpoint; -1 = unlimited.")
+    max_nonfinite_steps: int = Field(20, ge=1, description="Consecutive non-finite losses before the run stops.")
+    activation_checkpointing: bool = False
+    compile: bool = False
+    peak_tflops: float | None = Field(None, gt=0, description="The device's dense peak for this precision, "
+                                                                 "to report model FLOPs utilisation (mfu).")
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> "TrainSection":
+        if self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        return self
+
+
+class TrackingSection(Section):
+    tracking_uri: str | None = Field(None, description="Default: $MLFLOW_TRACKING_URI, else a SQLite file "
+                                                        "under run.output_dir.")
+    experiment: str = "albert-dist"
+    register_model: str | None = Field(None, description="Registered model name; empty = do not register.")
+
+    def resolved_uri(self, output_dir: str) -> str:
+        if self.tracking_uri:
+            return self.tracking_uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
+        db = resolve_path(output_dir) / "mlflow.db"
+        db.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{db}"
+
+
+class DataJobConfig(Section):
+    """`albert-dist data prepare`."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    data: DataSection = Field(default_factory=DataSection)
+    tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
+    masking: MaskingSection = Field(default_factory=MaskingSection)
+
+
+class PretrainJobConfig(Section):
+    """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    masking: MaskingSection = Field(default_factory=MaskingSection)
+    scaling: ScalingSection = Field(default_factory=ScalingSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+
+
+def resolve_path(path: str, base: str | Path | None = None) -> Path:
+    """Absolute form of `path`; relative paths sit under `base`, else $ALBERT_DIST_HOME, else the current directory.
+
+    Ray jobs run in a temporary copy of the working directory, so outputs must never stay relative to it.
+    """
+    if "://" in path:
+        return Path(path)
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    root = Path(base) if base is not None else Path(os.environ.get("ALBERT_DIST_HOME", os.getcwd()))
+    return (root / p).resolve()
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` strings to a nested dict; values are parsed as YAML scalars (`1e-4`, `true`, `[1, 2]`)."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    return raw
+
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+def load_config(cls: type[ConfigT], path: str | Path | None = None, overrides: list[str] | None = None) -> ConfigT:
+    """Read YAML (or embedded defaults when `path` is None), apply overrides and validate into `cls`."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
+    apply_overrides(raw, overrides or [])
+    return validate_config(cls, raw, source)
+
+
+def validate_config(cls: type[ConfigT], raw: dict[str, Any], source: str = "config") -> ConfigT:
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"invalid config ({source}): {format_validation_error(err)}") from None
+
+
+def format_validation_error(err: ValidationError) -> str:
+    problems = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append(f"{where}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
+                                              and not isinstance(e.get("input"), dict) else ""))
+    return "; ".join(problems)
+
+
+def flatten(config: BaseModel) -> dict[str, Any]:
+    """`section.field -> value`, for MLflow params."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            out[prefix] = value
+
+    walk("", config.model_dump())
+    return out
+
+
+def dump_yaml(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(), sort_keys=False)

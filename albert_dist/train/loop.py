@@ -1,0 +1,362 @@
+"""The training loop shared by pretraining, fine-tuning and distillation.
+
+It knows nothing of Ray or of a particular task: a `TrainingTask` supplies the model, the batches and the loss, and
+a `WorkerEnv` supplies the rank, the device, the distributed wrapper and the reporting barrier. The loop does
+accumulation, mixed precision, clipping, the schedule, non-finite guarding, logging, evaluation, checkpoints and
+exact resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from albert_dist.config import TrainSection
+from albert_dist.train import checkpointing, optim, precision
+
+Batch = dict[str, torch.Tensor]
+
+
+class TrainingTask(ABC):
+    """What differs between pretraining, fine-tuning and distillation."""
+
+    #: the evaluation metric that picks the best model, and whether higher is better
+    best_metric: str = "eval_loss"
+    best_mode: str = "min"
+
+    @abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """The trainable model, initialised (from scratch or from pretrained weights)."""
+
+    @abstractmethod
+    def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss to minimise and additive statistics (sums and counts) for `summarize`."""
+
+    @abstractmethod
+    def summarize(self, sums: dict[str, float]) -> dict[str, float]:
+        """Metrics (losses, accuracies, ...) from statistics summed over batches and ranks."""
+
+    @abstractmethod
+    def train_batches(self, epoch: int) -> Iterable[Batch]:
+        """This rank's micro-batches for `epoch`, in the same order every time (for exact resume)."""
+
+    @abstractmethod
+    def eval_batches(self) -> Iterable[Batch]:
+        """This rank's share of the evaluation data."""
+
+    @abstractmethod
+    def save_model(self, model: torch.nn.Module, directory: Path) -> None:
+        """Write the model (and tokenizer) in the transformers layout."""
+
+    def parameter_groups(self, model: torch.nn.Module, weight_decay: float) -> list[dict]:
+        return optim.parameter_groups(model.named_parameters(), weight_decay)
+
+    def load_weights(self, model: torch.nn.Module, directory: Path) -> None:
+        model.load_state_dict(type(model).from_pretrained(directory).state_dict())
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token, for model FLOPs utilisation; 0 when unknown."""
+        return 0.0
+
+
+@dataclass
+class WorkerEnv:
+    """Where the loop runs: rank and device, how to wrap the model, how to report, where to resume from."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m
+    report: Callable[[dict[str, float], Path | None], None] = lambda metrics, checkpoint: None
+    resume_dir: Path | None = None
+    log_metrics: Callable[[dict[str, float], int], None] | None = None
+    best_model_dir: Path | None = None
+    print_fn: Callable[[str], None] = print
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class Position:
+    """How far training got: optimizer steps and the micro-batch reached inside the current epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+
+class Trainer:
+    def __init__(self, task: TrainingTask, settings: TrainSection, env: WorkerEnv, seed: int = 0):
+        self.task, self.settings, self.env = task, settings, env
+        precision.check_precision(settings.precision, env.device)
+        torch.manual_seed(seed + env.rank)
+        self.model = task.build_model().to(env.device)
+        if settings.activation_checkpointing:
+            self.model.gradient_checkpointing = True
+        groups = task.parameter_groups(self.model, settings.weight_decay)
+        self.optimizer = optim.build_optimizer(settings.optimizer, groups, settings.learning_rate,
+                                               (settings.adam_beta1, settings.adam_beta2), settings.adam_epsilon,
+                                               settings.weight_decay)
+        self.scheduler = optim.build_scheduler(self.optimizer, settings.warmup_steps, settings.max_steps,
+                                               settings.lr_decay_power)
+        self.scaler = precision.grad_scaler(settings.precision, env.device)
+        self.position = Position()
+        self.best: float | None = None
+        self.nonfinite_run = 0
+        if env.resume_dir is not None:
+            self._restore(env.resume_dir)
+        self.wrapped = env.wrap_model(self.model)
+        if settings.compile:
+            self.wrapped = torch.compile(self.wrapped)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    # ----------------------------------------------------------------------------------------------- the loop
+    def fit(self) -> dict[str, Any]:
+        """Train to `max_steps`; returns the last metrics and `status` ("completed" or "diverged")."""
+        s, pos = self.settings, self.position
+        self.model.train()
+        window: dict[str, torch.Tensor] = {}
+        window_start, window_steps = time.perf_counter(), 0
+        fit_start, start_step = time.perf_counter(), pos.step
+        metrics: dict[str, Any] = {}
+        batches = self._micro_batches()
+        while pos.step < s.max_steps:
+            stepped = self._train_step(batches, window)
+            pos.step += 1
+            window_steps += 1
+            if not stepped:
+                self.nonfinite_run += 1
+                if self.nonfinite_run >= s.max_nonfinite_steps:
+                    return self._stop_diverged(metrics)
+            else:
+                self.nonfinite_run = 0
+            last = pos.step == s.max_steps
+            if pos.step % s.log_every == 0 or last:
+                elapsed = time.perf_counter() - window_start
+                metrics = self._window_metrics(window, window_steps, elapsed)
+                self._log(metrics, fit_start, start_step)
+                window, window_start, window_steps = {}, time.perf_counter(), 0
+            evaluate = pos.step % s.eval_every == 0 or last
+            checkpoint = pos.step % s.checkpoint_every == 0 or last
+            if evaluate:
+                metrics.update(self.evaluate())
+                self._keep_best(metrics)
+                if self.env.log_metrics:
+                    self.env.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval_")}, pos.step)
+            if evaluate or checkpoint:
+                self._report(metrics, checkpoint)
+        return {**metrics, "status": "completed", "step": pos.step}
+
+    def _micro_batches(self) -> Iterator[Batch]:
+        """Micro-batches across epochs, starting at the saved position (already-trained batches are skipped)."""
+        pos = self.position
+        while True:
+            produced = False
+            for index, batch in enumerate(self.task.train_batches(pos.epoch)):
+                produced = True
+                if index < pos.batch_in_epoch:
+                    continue
+                pos.batch_in_epoch = index + 1
+                yield batch
+            if not produced:
+                raise RuntimeError("the training data gives this worker no batch: use a smaller batch size or "
+                                   "fewer workers, or prepare more data")
+            pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
+
+    def _train_step(self, batches: Iterator[Batch], window: dict[str, torch.Tensor]) -> bool:
+        """One optimizer step over `grad_accum_steps` micro-batches; False when skipped for a non-finite gradient."""
+        s, device = self.settings, self.env.device
+        accum = s.grad_accum_steps
+        for micro in range(accum):
+            batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
+            sync = micro == accum - 1 or not hasattr(self.wrapped, "no_sync")
+            with (contextlib.nullcontext() if sync else self.wrapped.no_sync()):
+                with precision.autocast(s.precision, device):
+                    loss, stats = self.task.loss(self.wrapped, batch)
+                scaled = loss / accum
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            _accumulate(window, stats)
+            _accumulate(window, {"tokens": batch["attention_mask"].sum() if "attention_mask" in batch
+                                 else torch.tensor(batch["input_ids"].numel()),
+                                 "samples": torch.tensor(batch["input_ids"].shape[0])})
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        # Gradients are identical on every rank after DDP's all-reduce, so every rank takes the same decision.
+        norm = torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm if s.max_grad_norm > 0 else math.inf)
+        finite = bool(torch.isfinite(norm))
+        if self.scaler:
+            self.scaler.step(self.optimizer)  # skips the update itself on inf/nan
+            self.scaler.update()
+        elif finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        if finite:
+            _accumulate(window, {"grad_norm": norm.detach().float(), "finite_steps": torch.tensor(1.0)})
+        return finite
+
+    # -------------------------------------------------------------------------------------------- metrics
+    def _window_metrics(self, window: dict[str, torch.Tensor], steps: int, elapsed: float) -> dict[str, float]:
+        sums = all_reduce_sums(window, self.env.device)
+        tokens, samples = sums.pop("tokens", 0.0), sums.pop("samples", 0.0)
+        finite_steps = sums.pop("finite_steps", 0.0)
+        grad_norm = sums.pop("grad_norm", float("nan"))
+        metrics = self.task.summarize(sums)
+        metrics.update({
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            # both sums run over ranks as well as steps (every rank holds the same norm)
+            "grad_norm": grad_norm / finite_steps if finite_steps else float("nan"),
+            "tokens_per_s": tokens / elapsed,
+            "samples_per_s": samples / elapsed,
+            "skipped_steps": float(steps - finite_steps / self.env.world_size),
+        })
+        flops = self.task.flops_per_token()
+        if flops:
+            metrics["model_tflops"] = flops * metrics["tokens_per_s"] / 1e12
+            if self.settings.peak_tflops:
+                metrics["mfu"] = metrics["model_tflops"] / self.settings.peak_tflops
+        return metrics
+
+    def _log(self, metrics: dict[str, float], fit_start: float, start_step: int) -> None:
+        step, total = self.position.step, self.settings.max_steps
+        if self.env.log_metrics:
+            self.env.log_metrics(metrics, step)
+        if self.env.is_main:
+            rate = (step - start_step) / max(1e-9, time.perf_counter() - fit_start)
+            eta = (total - step) / rate if rate > 0 else float("inf")
+            shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
+                               if k.endswith(("loss", "accuracy")) and not k.startswith("eval_"))
+            self.env.print_fn(f"step {step}/{total} | {shown} | {metrics['tokens_per_s']:.0f} tok/s "
+                              f"| lr {metrics['learning_rate']:.3g} | ETA {_duration(eta)}")
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        for batch in self.task.eval_batches():
+            batch = {k: v.to(self.env.device) for k, v in batch.items()}
+            with precision.autocast(self.settings.precision, self.env.device):
+                _, stats = self.task.loss(self.model, batch)
+            _accumulate(sums, stats)
+        self.model.train()
+        totals = all_reduce_sums(sums, self.env.device)
+        return {f"eval_{k}": v for k, v in self.task.summarize(totals).items()} if totals else {}
+
+    def _keep_best(self, metrics: dict[str, float]) -> None:
+        value = metrics.get(self.task.best_metric)
+        if value is None or not math.isfinite(value):
+            return
+        better = self.best is None or (value > self.best if self.task.best_mode == "max" else value < self.best)
+        if not better:
+            return
+        self.best = value
+        if self.env.is_main and self.env.best_model_dir is not None:
+            replace_dir_atomically(self.env.best_model_dir, lambda d: self.task.save_model(self.model, d))
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def _report(self, metrics: dict[str, Any], with_checkpoint: bool) -> None:
+        payload = {**metrics, "step": self.position.step, "epoch": self.position.epoch}
+        if not with_checkpoint:
+            self.env.report(payload, None)
+            return
+        rng_states = gather_objects(torch.get_rng_state(), self.env.world_size)
+        if not self.env.is_main:
+            self.env.report(payload, None)
+            return
+        with tempfile.TemporaryDirectory(prefix="albert-ckpt-") as tmp:
+            directory = Path(tmp)
+            self.task.save_model(self.model, directory / checkpointing.MODEL_DIR)
+            checkpointing.save_training_state(directory, self._state(rng_states),
+                                              {"step": self.position.step, "epoch": self.position.epoch})
+            self.env.report(payload, directory)
+
+    def _state(self, rng_states: list[torch.Tensor]) -> dict[str, Any]:
+        pos = self.position
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else {},
+            "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch,
+            "best": self.best if self.best is not None else float("nan"),
+            "rng_states": rng_states,
+        }
+
+    def _restore(self, directory: Path) -> None:
+        state = checkpointing.load_training_state(directory)
+        self.task.load_weights(self.model, directory / checkpointing.MODEL_DIR)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.position = Position(state["step"], state["epoch"], state["batch_in_epoch"])
+        self.best = None if math.isnan(state["best"]) else state["best"]
+        rng_states = state["rng_states"]
+        if self.env.rank < len(rng_states):
+            torch.set_rng_state(rng_states[self.env.rank])
+        if self.env.is_main:
+            self.env.print_fn(f"resumed from {directory} at step {self.position.step} "
+                              f"(epoch {self.position.epoch}, batch {self.position.batch_in_epoch})")
+
+    def _stop_diverged(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        message = (f"loss or gradients were not finite for {self.nonfinite_run} consecutive steps (up to step "
+                   f"{self.position.step}); stopped, the last good checkpoint is kept. Lower train.learning_rate "
+                   f"or use bf16/fp32.")
+        if self.env.is_main:
+            self.env.print_fn(message)
+        return {**metrics, "status": "diverged", "message": message, "step": self.position.step}
+
+
+def _accumulate(sums: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+    for key, value in stats.items():
+        value = value.detach().float()
+        sums[key] = sums[key] + value if key in sums else value
+
+
+def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, float]:
+    """Sum statistics over ranks with one all-reduce; a plain conversion when not distributed."""
+    if not sums:
+        return {}
+    keys = sorted(sums)
+    packed = torch.stack([sums[k].to(device).float().reshape(()) for k in keys])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(packed)
+    return dict(zip(keys, packed.tolist()))
+
+
+def gather_objects(obj: Any, world_size: int) -> list[Any]:
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+    return [obj]
+
+
+def replace_dir_atomically(target: Path, write: Callable[[Path], None]) -> None:
+    """Write a directory beside `target`, then swap it in, so readers see the old or the new one, never half."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    write(staging)
+    old = target.with_name(f".{target.name}.old")
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"

@@ -1,0 +1,109 @@
+"""Optimizers and learning-rate schedules: LAMB as google-research/albert's, AdamW, warmup + polynomial decay.
+
+torch has no LAMB and the packaged ones differ from google's (bias correction, trust ratio on every parameter),
+so it is written here, following `lamb_optimizer.py` of google-research/albert.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+NO_DECAY_MARKERS = ("LayerNorm", "layer_norm", "bias")
+
+
+def is_decayed(name: str) -> bool:
+    """LayerNorm weights and biases get no weight decay (and, in LAMB, no trust ratio)."""
+    return not any(marker in name for marker in NO_DECAY_MARKERS)
+
+
+def parameter_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float,
+                     lr_scale: dict[str, float] | None = None, group_of=None) -> list[dict]:
+    """Split parameters into decay/no-decay groups, optionally per named group with its own `lr_scale`.
+
+    `group_of(name)` names the group of a parameter (e.g. "embeddings", "group0", "head"); `lr_scale[group]`
+    multiplies the base learning rate, and a scale of 0 freezes that group.
+    """
+    groups: dict[tuple[str, bool], dict] = {}
+    for name, param in named_params:
+        if not param.requires_grad:
+            continue
+        label = group_of(name) if group_of else "all"
+        scale = (lr_scale or {}).get(label, 1.0)
+        if scale == 0:
+            param.requires_grad_(False)
+            continue
+        decayed = is_decayed(name)
+        group = groups.setdefault((label, decayed), {
+            "params": [], "weight_decay": weight_decay if decayed else 0.0, "lr_scale": scale,
+            "use_trust_ratio": decayed, "name": f"{label}/{'decay' if decayed else 'no_decay'}"})
+        group["params"].append(param)
+    return list(groups.values())
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019) as google-research/albert: Adam moments without bias correction, decoupled weight
+    decay added to the update, and the update scaled by the trust ratio ‖w‖/‖update‖ (1 when either is 0).
+    Groups with `use_trust_ratio=False` (LayerNorm, bias) take the plain Adam-style step."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
+        if lr <= 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid LAMB hyperparameters lr={lr} betas={betas} eps={eps}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, use_trust_ratio=True))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = m / (v.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p.float(), alpha=group["weight_decay"])
+                ratio = 1.0
+                if group["use_trust_ratio"]:
+                    w_norm, u_norm = p.float().norm(), update.norm()
+                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_((update * ratio).to(p.dtype), alpha=-group["lr"])
+        return loss
+
+
+def build_optimizer(kind: str, groups: list[dict], lr: float, betas: tuple[float, float], eps: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    for g in groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
+    if kind == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if kind == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {kind!r}")
+
+
+def warmup_poly_decay(warmup_steps: int, total_steps: int, power: float = 1.0, end_factor: float = 0.0):
+    """Multiplier of the base lr: linear warmup from 0, then polynomial decay to `end_factor` at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if step >= total_steps:
+            return end_factor
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return end_factor + (1 - end_factor) * math.pow(1 - progress, power)
+
+    return factor
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, power: float = 1.0):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_poly_decay(warmup_steps, total_steps, power))

@@ -1,0 +1,34 @@
+"""Shared fixtures: one local Ray per test session, a stdlib-docstring corpus."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray with the machine's 2 CPUs, started once for the whole test session."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=1_500_000_000,
+                 log_to_driver=False, configure_logging=False)
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def stdlib_corpus(tmp_path_factory):
+    """About 600 kB of standard-library docstrings, blank-line separated documents."""
+    from albert_dist.demo_corpus import write_stdlib_corpus
+
+    return write_stdlib_corpus(tmp_path_factory.mktemp("corpus") / "stdlib.txt", max_chars=600_000)
