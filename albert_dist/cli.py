@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 _JOB_COMMANDS = [
     ("pretrain", "albert_dist.config:PretrainJobConfig", "albert_dist.pretrain:run_pretrain",
      "pretrain ALBERT (MLM + SOP) on Ray Train"),
-    ("demo", "albert_dist.config:DemoJobConfig", "albert_dist.demo:run_demo",
+    ("demo", "albert_dist.demo:DemoJobConfig", "albert_dist.demo:run_demo",
      "the whole pipeline on a small corpus of Python docstrings, end to end"),
 ]
 

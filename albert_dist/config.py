@@ -95,6 +95,8 @@ class DataSection(Section):
     short_seq_prob: float = Field(0.1, ge=0, le=1)
     dupe_factor: int = Field(1, ge=1)
     eval_fraction: float = Field(0.02, ge=0, lt=1, description="Share of documents held out for evaluation.")
+    max_sentence_chars: int = Field(2000, ge=16, description="Longer sentences (runaway lines) are cut into "
+                                                              "pieces of at most this many characters.")
     rows_per_shard: int = Field(50_000, gt=0)
     tokenizer_actors: int = Field(1, ge=1)
     word_segmenter: Literal["jieba"] | None = None
@@ -183,14 +185,19 @@ def resolve_path(path: str, base: str | Path | None = None) -> Path:
     """Absolute form of `path`; relative paths sit under `base`, else $ALBERT_DIST_HOME, else the current directory.
 
     Ray jobs run in a temporary copy of the working directory, so outputs must never stay relative to it.
+    URIs (`s3://...`) are returned unchanged, as strings, for pyarrow's filesystems.
     """
-    if "://" in path:
-        return Path(path)
+    if is_uri(path):
+        return path  # type: ignore[return-value]
     p = Path(path).expanduser()
     if p.is_absolute():
         return p
     root = Path(base) if base is not None else Path(os.environ.get("ALBERT_DIST_HOME", os.getcwd()))
     return (root / p).resolve()
+
+
+def is_uri(path: str | Path) -> bool:
+    return "://" in str(path)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -68,6 +68,15 @@ class TrainingTask(ABC):
         """Training FLOPs per token, for model FLOPs utilisation; 0 when unknown."""
         return 0.0
 
+    def should_evaluate(self, step: int) -> bool:
+        """Extra evaluation points besides every `eval_every` steps (e.g. epoch ends)."""
+        return False
+
+    def should_stop(self, eval_metrics: dict[str, float]) -> bool:
+        """Called after each evaluation, on every rank with the same metrics; True stops training (early
+        stopping) with a final checkpoint."""
+        return False
+
 
 @dataclass
 class WorkerEnv:
@@ -148,15 +157,23 @@ class Trainer:
                 metrics = self._window_metrics(window, window_steps, elapsed)
                 self._log(metrics, fit_start, start_step)
                 window, window_start, window_steps = {}, time.perf_counter(), 0
-            evaluate = pos.step % s.eval_every == 0 or last
+            evaluate = pos.step % s.eval_every == 0 or last or self.task.should_evaluate(pos.step)
             checkpoint = pos.step % s.checkpoint_every == 0 or last
+            stop = False
             if evaluate:
                 metrics.update(self.evaluate())
                 self._keep_best(metrics)
                 if self.env.log_metrics:
                     self.env.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval_")}, pos.step)
+                stop = self.task.should_stop(metrics)
+                if stop:
+                    metrics["stopped_early"] = 1.0
             if evaluate or checkpoint:
-                self._report(metrics, checkpoint)
+                self._report(metrics, checkpoint or stop)
+            if stop:
+                if self.env.is_main:
+                    self.env.print_fn(f"early stop at step {pos.step}: {self.task.best_metric} did not improve")
+                return {**metrics, "status": "stopped_early", "step": pos.step}
         return {**metrics, "status": "completed", "step": pos.step}
 
     def _micro_batches(self) -> Iterator[Batch]:
@@ -324,15 +341,21 @@ def _accumulate(sums: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -
         sums[key] = sums[key] + value if key in sums else value
 
 
-def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, float]:
-    """Sum statistics over ranks with one all-reduce; a plain conversion when not distributed."""
+def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, float | list[float]]:
+    """Sum statistics over ranks with one all-reduce; a plain conversion when not distributed.
+
+    Scalars come back as floats; vector statistics (a confusion matrix, a table of predictions indexed by row)
+    come back as lists, summed element-wise.
+    """
     if not sums:
         return {}
     keys = sorted(sums)
-    packed = torch.stack([sums[k].to(device).float().reshape(()) for k in keys])
+    sizes = [sums[k].numel() for k in keys]
+    packed = torch.cat([sums[k].to(device).float().reshape(-1) for k in keys])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(packed)
-    return dict(zip(keys, packed.tolist()))
+    parts = packed.split(sizes)
+    return {k: (part.item() if sums[k].dim() == 0 else part.tolist()) for k, part in zip(keys, parts)}
 
 
 def gather_objects(obj: Any, world_size: int) -> list[Any]:

@@ -1,0 +1,200 @@
+"""`albert-dist pretrain`: MLM + SOP pretraining of ALBERT on Ray Train, tracked in MLflow.
+
+The driver validates the prepared data and the model config, opens (or reopens) the MLflow run, runs the shared
+training loop on Ray Train workers and publishes the final model in the transformers layout.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from albert_dist import tracking
+from albert_dist.config import PretrainJobConfig, dump_yaml, flatten, resolve_path
+from albert_dist.errors import ConfigError
+from albert_dist.model import AlbertConfig, AlbertForPreTraining
+from albert_dist.train.feed import rank_batches
+from albert_dist.train.loop import TrainingTask, replace_dir_atomically
+
+SHUFFLE_BUFFER = 2048
+
+
+def effective_parameters(model: torch.nn.Module) -> int:
+    """Parameters counted once per use: a shared layer group counts once for every layer that applies it."""
+    config = model.config
+    groups = model.backbone.encoder.albert_layer_groups
+    group_params = sum(p.numel() for p in groups.parameters())
+    uses_per_group = config.num_hidden_layers / config.num_hidden_groups
+    return sum(p.numel() for p in model.parameters()) - group_params + int(group_params * uses_per_group)
+
+
+def training_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """≈ 6·N_eff + 12·L·H·T (forward + backward matmuls plus attention scores), as in the design notes."""
+    c = model.config
+    return 6 * effective_parameters(model) + 12 * c.num_hidden_layers * c.hidden_size * seq_len
+
+
+class PretrainingTask(TrainingTask):
+    best_metric, best_mode = "eval_mlm_accuracy", "max"
+
+    def __init__(self, config: dict[str, Any], dataset: Callable[[str], Any] | None = None):
+        import ray.train
+
+        from albert_dist.config import MaskingSection
+        from albert_dist.data import MaskingCollator, load_manifest
+
+        self.config = config
+        self.dataset = dataset or ray.train.get_dataset_shard
+        self.manifest = load_manifest(config["prepared_dir"])
+        self.collator = MaskingCollator.from_manifest(self.manifest, MaskingSection.model_validate(config["masking"]))
+        self.rank, self.world_size = config.get("rank", 0), config.get("world_size", 1)
+        if dataset is None:
+            context = ray.train.get_context()
+            self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self._model: torch.nn.Module | None = None
+
+    def build_model(self) -> torch.nn.Module:
+        if self.config.get("init_from"):
+            model = AlbertForPreTraining.from_pretrained(self.config["init_from"])
+        else:
+            model = AlbertForPreTraining(AlbertConfig.from_dict(self.config["model_config"]))
+        self._model = model
+        return model
+
+    def loss(self, model, batch):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"], labels=batch["labels"],
+                    sentence_order_label=batch["sentence_order_label"])
+        n_masked = out.mlm_labels.numel()
+        n_pairs = batch["sentence_order_label"].numel()
+        stats = {
+            "mlm_loss_sum": out.mlm_loss.detach() * n_masked,
+            "mlm_correct": (out.prediction_logits.argmax(-1) == out.mlm_labels).sum(),
+            "mlm_count": torch.tensor(float(n_masked)),
+            "sop_loss_sum": out.sop_loss.detach() * n_pairs,
+            "sop_correct": (out.sop_logits.argmax(-1) == batch["sentence_order_label"]).sum(),
+            "sop_count": torch.tensor(float(n_pairs)),
+        }
+        return out.loss, stats
+
+    def summarize(self, sums):
+        mlm_n, sop_n = max(1.0, sums.get("mlm_count", 0.0)), max(1.0, sums.get("sop_count", 0.0))
+        mlm_loss, sop_loss = sums.get("mlm_loss_sum", 0.0) / mlm_n, sums.get("sop_loss_sum", 0.0) / sop_n
+        return {"loss": mlm_loss + sop_loss, "mlm_loss": mlm_loss, "sop_loss": sop_loss,
+                "mlm_accuracy": sums.get("mlm_correct", 0.0) / mlm_n,
+                "sop_accuracy": sums.get("sop_correct", 0.0) / sop_n}
+
+    def _batches(self, split: str, epoch: int, **kwargs) -> Iterator[dict[str, torch.Tensor]]:
+        seed = self.config["seed"]
+        for index, rows in enumerate(rank_batches(self.dataset(split), batch_size=self.config["batch_size"],
+                                                  rank=self.rank, world_size=self.world_size, **kwargs)):
+            yield self.collator(rows, self.collator.rng(seed, epoch, self.rank, index, split=split))
+
+    def train_batches(self, epoch):
+        return self._batches("train", epoch, seed=self.config["seed"] + epoch, shuffle_buffer=SHUFFLE_BUFFER)
+
+    def eval_batches(self):
+        # the same masks at every evaluation, so eval metrics are comparable over time
+        return self._batches("eval", 0, drop_last=False, limit=self.config["eval_batches"])
+
+    def save_model(self, model, directory: Path) -> None:
+        model.save_pretrained(directory)
+        copy_tokenizer(Path(self.config["prepared_dir"]) / "tokenizer", directory)
+
+    def flops_per_token(self) -> float:
+        return training_flops_per_token(self._model, self.config["max_seq_length"]) if self._model else 0.0
+
+
+def build_pretraining_task(config: dict[str, Any]) -> PretrainingTask:
+    return PretrainingTask(config)
+
+
+def copy_tokenizer(tokenizer_dir: Path, directory: Path) -> None:
+    for f in tokenizer_dir.iterdir():
+        if f.is_file():
+            shutil.copy2(f, directory / f.name)
+
+
+@dataclass
+class PretrainOutcome:
+    model_dir: Path
+    best_model_dir: Path
+    tracking_uri: str
+    run_id: str
+    metrics: dict[str, Any]
+
+
+def prepared_dir(cfg: PretrainJobConfig) -> Path:
+    return resolve_path(cfg.data.output, base=resolve_path(cfg.run.output_dir))
+
+
+def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
+    from albert_dist.data import load_manifest
+    from albert_dist.train.ray_runner import run_training
+
+    data_dir = prepared_dir(cfg)
+    manifest = load_manifest(data_dir)
+    model_config = _model_config(cfg, manifest)
+    run_dir = cfg.run.run_dir
+    uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
+    run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, run_dir, cfg.run.name,
+                                          tags={"albert_dist.job": "pretrain"})
+    n_params = AlbertForPreTraining(model_config).num_parameters()
+    tracking.log_params(uri, run_id, {**flatten(cfg), "model.num_parameters": n_params,
+                                      "world_size": cfg.scaling.num_workers, "data.prepared_dir": str(data_dir)})
+    tracking.log_text(uri, run_id, dump_yaml(cfg), "config/pretrain.yaml")
+    tracking.log_text(uri, run_id, (data_dir / "manifest.json").read_text(), "data/manifest.json")
+    print(f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
+          f"worker(s), {cfg.train.precision}; MLflow run {run_id}")
+    task_config = {
+        "prepared_dir": str(data_dir), "model_config": model_config.to_dict(), "init_from": cfg.model.init_from,
+        "masking": cfg.masking.model_dump(), "batch_size": cfg.train.batch_size, "seed": cfg.run.seed,
+        "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
+    }
+    import ray.data
+
+    datasets = {split: ray.data.read_parquet(str(data_dir / split)) for split in ("train", "eval")}
+    best_dir = run_dir / "best_model"
+    try:
+        result = run_training(name=cfg.run.name, storage_path=run_dir / "ray", task_factory=
+                              "albert_dist.pretrain:build_pretraining_task", task_config=task_config,
+                              train=cfg.train, scaling=cfg.scaling, seed=cfg.run.seed, datasets=datasets,
+                              tracking=(uri, run_id), best_model_dir=best_dir)
+    except BaseException:
+        tracking.finish_run(uri, run_id, "FAILED")
+        raise
+    model_dir = run_dir / "model"
+    replace_dir_atomically(model_dir, lambda d: shutil.copytree(result.checkpoint_dir / "model", d,
+                                                                dirs_exist_ok=True))
+    tracking.log_artifacts(uri, run_id, model_dir, "model")
+    if cfg.tracking.register_model:
+        import mlflow
+
+        mlflow.set_tracking_uri(uri)
+        mlflow.register_model(f"runs:/{run_id}/model", cfg.tracking.register_model)
+    tracking.finish_run(uri, run_id)
+    return PretrainOutcome(model_dir, best_dir, uri, run_id, result.metrics)
+
+
+def _model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -> AlbertConfig:
+    if cfg.model.init_from:
+        return AlbertConfig.from_json_file(Path(cfg.model.init_from) / "config.json")
+    model_config = cfg.model.build(vocab_size=manifest["vocab_size"])
+    if manifest["max_seq_length"] > model_config.max_position_embeddings:
+        raise ConfigError(f"data max_seq_length ({manifest['max_seq_length']}) exceeds "
+                          f"model.max_position_embeddings ({model_config.max_position_embeddings})")
+    return model_config
+
+
+def run_pretrain(cfg: PretrainJobConfig) -> int:
+    outcome = pretrain(cfg)
+    m = outcome.metrics
+    print(f"done: step {m.get('step')}, mlm_accuracy {m.get('mlm_accuracy', float('nan')):.3f}, "
+          f"sop_accuracy {m.get('sop_accuracy', float('nan')):.3f}")
+    print(f"model: {outcome.model_dir}\nbest model: {outcome.best_model_dir}")
+    print(f"MLflow run {outcome.run_id} at {outcome.tracking_uri}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    return 0

@@ -1,0 +1,155 @@
+"""MLflow: the driver creates (or reopens) the run, rank 0 of the workers logs metrics into it.
+
+The run id is kept in the run directory, so a relaunch or a restarted worker continues the same MLflow run.
+Metric logging never stops training: when the tracking server is unreachable, metrics are buffered and flushed
+when it answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RUN_ID_FILE = "mlflow_run_id"
+# Values of parameters and tags whose names look like these are never logged.
+_SECRET_NAME = re.compile(r"(token|password|passwd|secret|credential|api[_-]?key|access[_-]?key)", re.I)
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path, run_name: str,
+                        tags: dict[str, str] | None = None) -> str:
+    """The MLflow run of `run_dir`: the one recorded there if it still exists, else a new one (recorded)."""
+    client = _client(tracking_uri)
+    id_file = run_dir / RUN_ID_FILE
+    if id_file.is_file():
+        run_id = id_file.read_text().strip()
+        try:
+            client.get_run(run_id)
+            client.update_run(run_id, status="RUNNING")
+            return run_id
+        except Exception:  # noqa: BLE001 - a run deleted from the store: start a new one
+            log.warning("MLflow run %s recorded in %s no longer exists; starting a new run", run_id, id_file)
+    exp = client.get_experiment_by_name(experiment)
+    experiment_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    run = client.create_run(experiment_id, run_name=run_name, tags={**default_tags(), **(tags or {})})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = id_file.with_name(id_file.name + ".tmp")
+    tmp.write_text(run.info.run_id)
+    tmp.replace(id_file)
+    return run.info.run_id
+
+
+def default_tags() -> dict[str, str]:
+    tags = {"albert_dist.code_version": code_version()}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            tags["ray.cluster_cpus"] = str(int(ray.cluster_resources().get("CPU", 0)))
+            tags["ray.cluster_gpus"] = str(int(ray.cluster_resources().get("GPU", 0)))
+            tags["ray.nodes"] = str(len([n for n in ray.nodes() if n.get("Alive")]))
+    except Exception:  # noqa: BLE001 - tags are informative only
+        pass
+    return tags
+
+
+def code_version() -> str:
+    """The git commit of the package source (with `-dirty` when changed), or the package version."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import version
+
+        return version("albert-dist")
+
+
+def redact(params: dict[str, Any]) -> dict[str, Any]:
+    """Drop values whose key names a secret (tokens, passwords, keys)."""
+    return {k: ("***" if _SECRET_NAME.search(k) else v) for k, v in params.items()}
+
+
+def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
+    """Log params once; on resume, params already logged (same values) are left alone."""
+    from mlflow.entities import Param
+
+    client = _client(tracking_uri)
+    existing = client.get_run(run_id).data.params
+    fresh = [Param(k, str(v)[:6000]) for k, v in redact(params).items() if k not in existing]
+    for i in range(0, len(fresh), 100):
+        client.log_batch(run_id, params=fresh[i:i + 100])
+
+
+def finish_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
+    _client(tracking_uri).set_terminated(run_id, status=status)
+
+
+class MetricsLogger:
+    """Rank 0's metric logger: logs batches, buffers them while the tracking server is unreachable."""
+
+    def __init__(self, tracking_uri: str, run_id: str, max_buffer: int = 100_000):
+        self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
+        self.pending: list[Any] = []
+        self._warned = False
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items()
+                            if isinstance(v, (int, float)))
+        self.flush()
+
+    def flush(self) -> bool:
+        """Try to send what is pending; True when nothing is left."""
+        try:
+            client = _client(self.tracking_uri)
+            while self.pending:
+                client.log_batch(self.run_id, metrics=self.pending[:1000])
+                del self.pending[:1000]
+        except Exception as err:  # noqa: BLE001 - tracking must never stop training
+            if not self._warned:
+                print(f"warning: MLflow unreachable ({type(err).__name__}: {str(err)[:200]}); "
+                      f"buffering metrics and retrying at the next log step")
+                self._warned = True
+            del self.pending[:-self.max_buffer]
+            return False
+        if self._warned:
+            print("MLflow reachable again: buffered metrics flushed")
+            self._warned = False
+        return True
+
+
+def log_artifacts(tracking_uri: str, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:
+    _client(tracking_uri).log_artifacts(run_id, str(local_dir), artifact_path)
+
+
+def log_text(tracking_uri: str, run_id: str, text: str, artifact_file: str) -> None:
+    _client(tracking_uri).log_text(run_id, text, artifact_file)
+
+
+def ui_hint(tracking_uri: str) -> str:
+    if tracking_uri.startswith("sqlite:"):
+        return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+    return f"open {tracking_uri} (through an SSH tunnel or port-forward when it is remote)"
+
+
+def tracking_env() -> dict[str, str]:
+    """Environment variables that point workers and jobs at the same tracking server."""
+    return {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_TRACKING_")}

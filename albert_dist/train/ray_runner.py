@@ -1,0 +1,139 @@
+"""Runs the training loop on Ray Train: one `TorchTrainer`, DDP across workers, checkpoints in `storage_path/name`.
+
+Relaunching with the same `name` and `storage_path` resumes from the latest valid checkpoint (Ray Train V2 keeps
+the run's checkpoint history there); `FailureConfig(max_failures)` restarts failed workers the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+import ray.train
+import ray.train.torch
+from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+
+from albert_dist.config import ScalingSection, TrainSection
+from albert_dist.errors import AlbertDistError, CheckpointError
+from albert_dist.train import checkpointing
+from albert_dist.train.loop import Trainer, WorkerEnv
+
+
+class TrainingDiverged(AlbertDistError):
+    """The loss stayed non-finite; training stopped with the last good checkpoint kept."""
+
+
+@dataclass
+class TrainingResult:
+    metrics: dict[str, Any]
+    checkpoint_dir: Path | None
+    run_path: Path
+
+
+def scaling_config(scaling: ScalingSection) -> ScalingConfig:
+    resources = {"CPU": scaling.cpus_per_worker}
+    if scaling.use_gpu:
+        resources["GPU"] = scaling.gpus_per_worker
+    return ScalingConfig(num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources,
+                         placement_strategy=scaling.placement_strategy)
+
+
+def run_training(*, name: str, storage_path: Path, task_factory: str, task_config: dict[str, Any],
+                 train: TrainSection, scaling: ScalingSection, seed: int, datasets: dict[str, Any] | None = None,
+                 split_datasets: bool = False, tracking: tuple[str, str] | None = None,
+                 best_model_dir: Path | None = None, callbacks: list | None = None) -> TrainingResult:
+    """Fit `task_factory(task_config)` with the shared loop on `scaling.num_workers` Ray Train workers.
+
+    `task_factory` is an import path "module:function"; the function builds the `TrainingTask` inside each
+    worker. Datasets are passed whole to every worker unless `split_datasets` (the tasks shard them themselves,
+    deterministically, so a resumed run sees exactly the batches it had not trained on yet).
+    """
+    from ray.data import DataContext
+
+    options = DataContext.get_current().execution_options
+    options.preserve_order = True
+    trainer = ray.train.torch.TorchTrainer(
+        _train_worker,
+        train_loop_config={"task_factory": task_factory, "task_config": task_config, "train": train.model_dump(),
+                           "seed": seed, "tracking": tracking,
+                           "best_model_dir": str(best_model_dir) if best_model_dir else None},
+        scaling_config=scaling_config(scaling),
+        run_config=RunConfig(name=name, storage_path=str(storage_path),
+                             checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
+                             failure_config=FailureConfig(max_failures=train.max_failures),
+                             callbacks=callbacks or None),
+        datasets=datasets or None,
+        dataset_config=DataConfig(datasets_to_split="all" if split_datasets else [], execution_options=options),
+    )
+    result = trainer.fit()
+    metrics = dict(result.metrics or {})
+    if metrics.get("diverged"):
+        raise TrainingDiverged(str(metrics.get("message", "training diverged")))
+    checkpoint_dir = Path(result.checkpoint.path) if result.checkpoint else None
+    return TrainingResult(metrics, checkpoint_dir, storage_path / name)
+
+
+def _train_worker(config: dict[str, Any]) -> None:
+    module, _, function = config["task_factory"].partition(":")
+    task = getattr(importlib.import_module(module), function)(config["task_config"])
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    logger = None
+    if config["tracking"] and rank == 0:
+        from albert_dist.tracking import MetricsLogger
+
+        logger = MetricsLogger(*config["tracking"])
+    env = WorkerEnv(rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
+                    wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
+                    best_model_dir=Path(config["best_model_dir"]) if config["best_model_dir"] else None,
+                    resume_dir=resume_directory(ray.train.get_checkpoint(), print if rank == 0 else _silent))
+    train = TrainSection.model_validate(config["train"])
+    result = Trainer(task, train, env, seed=config["seed"]).fit()
+    if logger is not None:
+        logger.flush()
+    if result["status"] == "diverged":
+        ray.train.report({"diverged": 1.0, "message": result["message"], "step": result["step"]})
+
+
+def _report(metrics: dict[str, Any], checkpoint_dir: Path | None) -> None:
+    checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
+    ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def _silent(_: str) -> None:
+    pass
+
+
+def resume_directory(checkpoint: "ray.train.Checkpoint | None",
+                     say: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint that passes its checksums, starting from the one Ray hands back.
+
+    A checkpoint that fails verification (truncated, corrupted) is skipped with a message naming it, and the
+    previous one of the same run is used instead.
+    """
+    if checkpoint is None:
+        return None
+    latest = Path(checkpoint.path)
+    siblings = [p for p in latest.parent.glob("checkpoint_*") if p.is_dir() and p != latest]
+    candidates = [latest] + sorted(siblings, key=_checkpoint_step, reverse=True)
+    for candidate in candidates:
+        try:
+            checkpointing.verify_manifest(candidate)
+        except CheckpointError as err:
+            say(f"warning: {err}; trying the previous checkpoint")
+            continue
+        if candidate != latest:
+            say(f"resuming from the previous good checkpoint {candidate}")
+        return candidate
+    raise CheckpointError(f"no valid checkpoint under {latest.parent}: every one failed its checksums")
+
+
+def _checkpoint_step(path: Path) -> int:
+    try:
+        return int(json.loads((path / checkpointing.MANIFEST).read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1

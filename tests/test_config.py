@@ -1,0 +1,72 @@
+import pytest
+
+from albert_dist.config import (DataJobConfig, PretrainJobConfig, apply_overrides, flatten, load_config,
+                                resolve_path)
+from albert_dist.errors import ConfigError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_and_overrides_are_typed(tmp_path):
+    path = write(tmp_path, "train:\n  max_steps: 50\n  warmup_steps: 5\nmodel:\n  preset: base\n")
+    cfg = load_config(PretrainJobConfig, path, ["train.learning_rate=1e-4", "model.hidden_size=256",
+                                                "scaling.use_gpu=true"])
+    assert cfg.train.max_steps == 50 and cfg.train.learning_rate == pytest.approx(1e-4)
+    assert cfg.model.preset == "base" and cfg.model.hidden_size == 256 and cfg.scaling.use_gpu is True
+    assert cfg.model.overrides() == {"hidden_size": 256}
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.learnig_rate: unknown key"):
+        load_config(PretrainJobConfig, write(tmp_path, "train:\n  learnig_rate: 0.1\n"))
+    with pytest.raises(ConfigError, match=r"bogus: unknown key"):
+        load_config(PretrainJobConfig, None, ["bogus.x=1"])
+
+
+def test_impossible_values_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.learning_rate: .*greater than 0.*-1"):
+        load_config(PretrainJobConfig, None, ["train.learning_rate=-1"])
+    with pytest.raises(ConfigError, match=r"warmup_steps \(500\) exceeds max_steps \(100\)"):
+        load_config(PretrainJobConfig, None, ["train.max_steps=100", "train.warmup_steps=500"])
+    with pytest.raises(ConfigError, match="precision"):
+        load_config(PretrainJobConfig, None, ["train.precision=fp8"])
+
+
+def test_model_section_reports_model_validation(tmp_path):
+    cfg = load_config(PretrainJobConfig, None, ["model.hidden_size=100", "model.num_attention_heads=12"])
+    with pytest.raises(ConfigError, match=r"model: .*hidden_size \(100\).*num_attention_heads \(12\)"):
+        cfg.model.build(vocab_size=1000)
+    built = load_config(PretrainJobConfig, None, ["model.preset=base"]).model.build(vocab_size=1000)
+    assert (built.hidden_size, built.num_hidden_layers, built.vocab_size) == (768, 12, 1000)
+
+
+def test_bad_files_and_override_syntax(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(DataJobConfig, tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(DataJobConfig, write(tmp_path, "data: [unclosed\n"))
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(DataJobConfig, write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(ConfigError, match="section.field=value"):
+        apply_overrides({}, ["no_equals_sign"])
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"train": 3}, ["train.max_steps=1"])
+
+
+def test_yaml_lists_in_overrides_and_flatten():
+    cfg = load_config(DataJobConfig, None, ["data.inputs=[a.txt, b.txt]"])
+    assert cfg.data.inputs == ["a.txt", "b.txt"]
+    flat = flatten(cfg)
+    assert flat["data.inputs"] == ["a.txt", "b.txt"] and flat["tokenizer.vocab_size"] == 8000
+
+
+def test_relative_paths_do_not_depend_on_the_job_working_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALBERT_DIST_HOME", str(tmp_path))
+    assert resolve_path("runs") == tmp_path / "runs"
+    assert resolve_path("/abs/x") == resolve_path("/abs/x").resolve()
+    assert resolve_path("s3://bucket/x") == "s3://bucket/x"
+    assert resolve_path("data", base="/base") == resolve_path("/base/data")

@@ -1,0 +1,135 @@
+"""The shared training loop in one process, without Ray: learning, exact resume, non-finite guard, checkpoints."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from albert_dist.config import TrainSection
+from albert_dist.errors import CheckpointError
+from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+from albert_dist.train import checkpointing
+from albert_dist.train.loop import Trainer, TrainingTask, WorkerEnv
+
+
+class KeywordTask(TrainingTask):
+    """Label = whether the first token is above the vocabulary's middle: learnable in a few dozen steps."""
+
+    best_metric, best_mode = "eval_accuracy", "max"
+
+    def __init__(self, poison_from_step: int | None = None):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(5, 50, (256, 16), generator=g)
+        self.y = (self.x[:, 0] > 27).long()
+        self.poison_from_step = poison_from_step
+        self.calls = 0
+
+    def build_model(self):
+        return AlbertForSequenceClassification(AlbertConfig(
+            vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, num_labels=2, classifier_dropout_prob=0.1))
+
+    def loss(self, model, batch):
+        self.calls += 1
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        loss = out.loss
+        if self.poison_from_step is not None and self.calls > self.poison_from_step:
+            loss = loss * float("nan")
+        n = torch.tensor(float(len(batch["labels"])))
+        return loss, {"loss_sum": out.loss.detach() * n, "n": n,
+                      "correct": (out.logits.argmax(-1) == batch["labels"]).sum()}
+
+    def summarize(self, s):
+        return {"loss": s["loss_sum"] / s["n"], "accuracy": s["correct"] / s["n"]}
+
+    def _rows(self, lo, hi, size):
+        for i in range(lo, hi, size):
+            yield {"input_ids": self.x[i:i + size], "attention_mask": torch.ones(size, 16, dtype=torch.long),
+                   "labels": self.y[i:i + size]}
+
+    def train_batches(self, epoch):
+        return self._rows(0, 224, 16)
+
+    def eval_batches(self):
+        return self._rows(224, 256, 32)
+
+    def save_model(self, model, directory):
+        model.save_pretrained(directory)
+
+
+def settings(**kw):
+    base = dict(max_steps=40, warmup_steps=4, learning_rate=2e-3, optimizer="adamw", log_every=10, eval_every=20,
+                checkpoint_every=20, precision="fp32")
+    return TrainSection(**{**base, **kw})
+
+
+class Checkpoints:
+    """Stands in for Ray's reporting: keeps a copy of each reported checkpoint by step."""
+
+    def __init__(self, root: Path):
+        self.root, self.reports = root, []
+
+    def __call__(self, metrics, directory):
+        self.reports.append(metrics)
+        if directory is not None:
+            shutil.copytree(directory, self.root / f"step{metrics['step']}")
+
+
+def weights(trainer):
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_learns_and_keeps_the_best_model(tmp_path):
+    saved = Checkpoints(tmp_path)
+    result = Trainer(KeywordTask(), settings(), WorkerEnv(report=saved, best_model_dir=tmp_path / "best")).fit()
+    assert result["status"] == "completed" and result["step"] == 40
+    assert result["eval_accuracy"] >= 0.85
+    assert [r["step"] for r in saved.reports] == [20, 40]
+    assert (tmp_path / "best" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "step40" / "manifest.json").read_text())["step"] == 40
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, precision):
+    saved = Checkpoints(tmp_path)
+    full = Trainer(KeywordTask(), settings(precision=precision), WorkerEnv(report=saved))
+    full.fit()
+    resumed = Trainer(KeywordTask(), settings(precision=precision),
+                      WorkerEnv(resume_dir=tmp_path / "step20", print_fn=lambda s: None))
+    assert resumed.position.step == 20 and resumed.position.batch_in_epoch > 0
+    resumed.fit()
+    for (name, a), b in zip(weights(full).items(), weights(resumed).values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_gradient_accumulation_counts_micro_batches(tmp_path):
+    trainer = Trainer(KeywordTask(), settings(grad_accum_steps=2, max_steps=10, eval_every=10, checkpoint_every=10),
+                      WorkerEnv())
+    result = trainer.fit()
+    # 10 steps x 2 micro-batches of 16 = 320 samples: one full epoch (14 batches) and 6 of the next
+    assert (trainer.position.epoch, trainer.position.batch_in_epoch) == (1, 6)
+    assert result["step"] == 10
+
+
+def test_persistent_nan_stops_with_a_message(tmp_path):
+    messages = []
+    result = Trainer(KeywordTask(poison_from_step=5), settings(max_nonfinite_steps=3),
+                     WorkerEnv(print_fn=messages.append)).fit()
+    assert result["status"] == "diverged" and result["step"] == 8
+    assert "not finite for 3 consecutive steps" in result["message"]
+
+
+def test_corrupted_checkpoint_is_refused(tmp_path):
+    saved = Checkpoints(tmp_path)
+    Trainer(KeywordTask(), settings(max_steps=20), WorkerEnv(report=saved)).fit()
+    weights_file = tmp_path / "step20" / "model" / "model.safetensors"
+    data = bytearray(weights_file.read_bytes())
+    data[-10] ^= 0xFF
+    weights_file.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors does not match its checksum"):
+        checkpointing.load_training_state(tmp_path / "step20")
+    (tmp_path / "step20" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="incomplete write"):
+        checkpointing.verify_manifest(tmp_path / "step20")
