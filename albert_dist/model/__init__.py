@@ -1,0 +1,34 @@
+"""ALBERT in plain PyTorch, checkpoint-compatible with transformers."""
+
+from albert_dist.model.checkpoint import from_pretrained, load_state_dict, save_pretrained
+from albert_dist.model.config import PRESETS, AlbertConfig
+from albert_dist.model.modeling import (
+    AlbertForMaskedLM,
+    AlbertForPreTraining,
+    AlbertForSequenceClassification,
+    AlbertMaskedLMOutput,
+    AlbertModel,
+    AlbertModelOutput,
+    AlbertPreTrainedModel,
+    AlbertPreTrainingOutput,
+    AlbertSequenceClassifierOutput,
+    layer_to_group,
+)
+
+__all__ = [
+    "PRESETS",
+    "AlbertConfig",
+    "AlbertForMaskedLM",
+    "AlbertForPreTraining",
+    "AlbertForSequenceClassification",
+    "AlbertMaskedLMOutput",
+    "AlbertModel",
+    "AlbertModelOutput",
+    "AlbertPreTrainedModel",
+    "AlbertPreTrainingOutput",
+    "AlbertSequenceClassifierOutput",
+    "from_pretrained",
+    "layer_to_group",
+    "load_state_dict",
+    "save_pretrained",
+]

@@ -1,0 +1,140 @@
+"""Read and write checkpoint directories in transformers' layout: config.json + model.safetensors.
+
+Any transformers ALBERT directory loads (pretraining, masked LM, base model, classification), and what we write
+loads in transformers. Weights are never unpickled freely: pytorch_model.bin goes through weights_only loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pickle
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from albert_dist.errors import AlbertDistError, CheckpointError
+from albert_dist.model.config import AlbertConfig
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
+
+BACKBONE_PREFIX = "albert."
+# Entries older transformers versions stored that we rebuild instead: the decoder tied to the word embeddings and
+# to predictions.bias, and non-persistent buffers.
+DERIVED_KEY_SUFFIXES = ("predictions.decoder.weight", "predictions.decoder.bias",
+                        "embeddings.position_ids", "embeddings.token_type_ids")
+# Heads of the other ALBERT classes: dropping them (e.g. pretraining heads when fine-tuning) is routine.
+KNOWN_HEAD_PREFIXES = ("predictions.", "sop_classifier.", "classifier.")
+
+
+def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Write via a temporary file in the same directory, then rename over `path`: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_pretrained(model, directory: str | os.PathLike) -> None:
+    """Write config.json and model.safetensors into `directory`, leaving its other files (tokenizer) alone."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    config = dataclasses.replace(model.config, architectures=[model.architecture])
+    # Weights first: a crash in between leaves the previous config beside new weights of the same shapes.
+    _write_atomically(directory / SAFE_WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
+    _write_atomically(directory / CONFIG_NAME, config.to_json_file)
+
+
+def load_config(directory: str | os.PathLike, **overrides) -> AlbertConfig:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    path = directory / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint directory {directory} has no {CONFIG_NAME}")
+    try:
+        return AlbertConfig.from_json_file(path, **overrides)
+    except (OSError, json.JSONDecodeError, TypeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+    except AlbertDistError as e:
+        raise CheckpointError(f"{path}: {e}") from e
+
+
+def load_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of model.safetensors (or its shards), else of pytorch_model.bin loaded with weights_only=True."""
+    directory = Path(directory)
+    safe, index, pickled = (directory / SAFE_WEIGHTS_NAME, directory / SAFE_WEIGHTS_INDEX_NAME,
+                            directory / PICKLE_WEIGHTS_NAME)
+    try:
+        if safe.is_file():
+            return load_file(str(safe))
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return {k: v for shard in shards for k, v in load_file(str(directory / shard)).items()}
+        if pickled.is_file():
+            return torch.load(pickled, map_location="cpu", weights_only=True)
+    except (OSError, SafetensorError, json.JSONDecodeError, KeyError, RuntimeError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"cannot read the weights in {directory}: {e}") from e
+    raise CheckpointError(f"checkpoint directory {directory} has neither {SAFE_WEIGHTS_NAME} nor {PICKLE_WEIGHTS_NAME}")
+
+
+def _adapt_keys(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map a checkpoint's keys onto `model`: add or strip the `albert.` prefix, drop derived entries."""
+    if "predictions.bias" not in state and "predictions.decoder.bias" in state:
+        state["predictions.bias"] = state["predictions.decoder.bias"]
+    state = {k: v for k, v in state.items() if not k.endswith(DERIVED_KEY_SUFFIXES)}
+    has_prefix = any(k.startswith(BACKBONE_PREFIX) for k in state)
+    if hasattr(model, "albert") and not has_prefix:  # a base AlbertModel checkpoint into a model with heads
+        return {BACKBONE_PREFIX + k: v for k, v in state.items()}
+    if not hasattr(model, "albert") and has_prefix:  # a checkpoint with heads into the base model
+        return {(k[len(BACKBONE_PREFIX):] if k.startswith(BACKBONE_PREFIX) else k): v for k, v in state.items()}
+    return state
+
+
+def load_weights(model, state: dict[str, torch.Tensor], source: str | os.PathLike) -> None:
+    """Copy `state` into `model`. Missing heads (and pooler) stay freshly initialised, with a warning; a missing
+    backbone weight or a shape that disagrees with the config is a CheckpointError."""
+    state = _adapt_keys(model, dict(state))
+    expected = model.state_dict()
+    for key, tensor in state.items():
+        if key in expected and tensor.shape != expected[key].shape:
+            raise CheckpointError(f"{source}: {key} has shape {tuple(tensor.shape)} in the checkpoint but "
+                                  f"{tuple(expected[key].shape)} in the model built from its config")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    optional = model.head_prefixes + ("pooler.", BACKBONE_PREFIX + "pooler.")
+    broken = [k for k in missing if not k.startswith(optional)]
+    if broken:
+        raise CheckpointError(f"{source}: the checkpoint lacks {len(broken)} backbone weights of "
+                              f"{type(model).__name__} (e.g. {', '.join(broken[:3])}); is it an ALBERT checkpoint?")
+    if missing:
+        logger.warning("%s: not in the checkpoint, newly initialised: %s", source, ", ".join(missing))
+    dropped_heads = [k for k in unexpected if k.startswith(KNOWN_HEAD_PREFIXES)]
+    if dropped_heads:
+        logger.info("%s: heads not used by %s: %s", source, type(model).__name__, ", ".join(dropped_heads))
+    strange = [k for k in unexpected if k not in dropped_heads]
+    if strange:
+        logger.warning("%s: ignored weights unknown to %s: %s", source, type(model).__name__, ", ".join(strange))
+
+
+def from_pretrained(cls, directory: str | os.PathLike, **config_overrides):
+    """Build `cls` from config.json (plus overrides such as num_labels) and load the weights; eval mode."""
+    config = load_config(directory, **config_overrides)
+    state = load_state_dict(directory)
+    model = cls(config)
+    load_weights(model, state, directory)
+    return model.eval()
