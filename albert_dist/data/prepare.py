@@ -1,0 +1,340 @@
+"""`albert-dist data prepare`: corpus → Parquet shards of SOP instances, a manifest and the tokenizer.
+
+    read files (Ray Data) → documents → [actor pool] split, tokenize, instances → driver writes shards
+
+The driver writes the shards from the ordered stream, numbering instances as they come (`instance_id`, dense
+per split), so the same corpus, config and seed give byte-identical shards however Ray partitions the work.
+Everything is built in a staging directory next to the output and renamed into place only on success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from albert_dist.config import DataJobConfig, is_uri, resolve_path
+from albert_dist.data.instances import InstanceSpec
+from albert_dist.data.masking import MaskingCollator
+from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, DocumentProcessor, ProcessSettings,
+                                      document_sentences, summarize_counts)
+from albert_dist.data.readers import filesystem, read_documents, resolve_inputs
+from albert_dist.errors import AlbertDistError, DataError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+_DOCS_PER_BATCH = 64
+_READ_CPUS = 0.25  # reading is light; leave the CPUs to the tokenizer actors
+
+
+def output_location(cfg: DataJobConfig) -> str:
+    """`data.output` under `run.output_dir`; absolute paths and URIs as given."""
+    return str(resolve_path(cfg.data.output, base=resolve_path(cfg.run.output_dir)))
+
+
+def run_prepare(cfg: DataJobConfig) -> int:
+    """CLI entry point: prepare with progress bars, print the summary."""
+    summary = prepare_dataset(cfg, progress_bars=True)
+    print(format_summary(summary))
+    return 0
+
+
+def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Prepare the dataset `cfg` describes; returns the summary (also stored in the manifest)."""
+    import ray
+
+    if cfg.data.word_segmenter is not None:
+        raise DataError("data.word_segmenter=jieba is not implemented: Chinese whole-word masking uses characters")
+    if not ray.is_initialized():
+        ray.init()
+    started = time.perf_counter()
+    location = output_location(cfg)
+    files = resolve_inputs(cfg.data.inputs)
+    log(f"data: {len(files)} input file(s) → {location}")
+    with _staging(location) as stage, _ordered_execution(progress_bars):
+        tokenizer = _tokenizer(cfg, files, stage / "tokenizer", log)
+        tally = Tally.create()
+        instances = _instances(cfg, files, tokenizer, tally)
+        splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static)
+        counts = Counter(tally.total())
+        counts.update(train_instances=splits["train"]["rows"], eval_instances=splits["eval"]["rows"],
+                      instances=splits["train"]["rows"] + splits["eval"]["rows"])
+        summary = summarize_counts(counts)
+        if not summary["instances"]:
+            raise DataError(f"no instances: the corpus ({len(files)} file(s)) holds no document with two tokens")
+        elapsed = time.perf_counter() - started
+        summary |= {"seconds": round(elapsed, 2), "tokens_per_second": round(summary["tokens"] / elapsed, 1),
+                    "instances_per_second": round(summary["instances"] / elapsed, 1)}
+        _write_manifest(stage, cfg, tokenizer, splits, summary, files)
+    log(f"data: wrote {summary['instances']:,} instances to {location}")
+    return summary
+
+
+class Tally:
+    """Counters summed across Ray tasks and actors by a small actor; picklable, so stages can carry it."""
+
+    def __init__(self, actor):
+        self._actor = actor
+
+    @classmethod
+    def create(cls) -> "Tally":
+        import ray
+
+        @ray.remote(num_cpus=0)
+        class _Counts:
+            def __init__(self):
+                self.counts = Counter()
+
+            def add(self, counts):
+                self.counts.update(counts)
+
+            def total(self):
+                return dict(self.counts)
+
+        return cls(_Counts.remote())
+
+    def __call__(self, counts: Counter) -> None:
+        import ray
+
+        if counts:
+            ray.get(self._actor.add.remote(dict(counts)))
+
+    def total(self) -> dict[str, int]:
+        import ray
+
+        return ray.get(self._actor.total.remote())
+
+
+def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally):
+    import ray
+
+    d = cfg.data
+    settings = ProcessSettings(
+        spec=InstanceSpec(d.max_seq_length, d.short_seq_prob, tokenizer.cls_id, tokenizer.sep_id),
+        language=d.language, max_sentence_chars=d.max_sentence_chars, dupe_factor=d.dupe_factor,
+        eval_fraction=d.eval_fraction, seed=d.seed)
+    collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
+    documents = read_documents(files, d.format, d.text_field, tally, num_cpus=_READ_CPUS)
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    return documents.map_batches(
+        DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
+                                                  "collator": collator, "tally": tally},
+        compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
+        num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)))
+
+
+def _tokenizer(cfg: DataJobConfig, files: list[str], out_dir: Path, log: Callable[[str], None]):
+    """The configured tokenizer, or one trained on the corpus's sentences; saved into `out_dir`."""
+    from albert_dist.tokenizer import load_tokenizer, train_sentencepiece
+
+    if cfg.tokenizer.path:
+        tokenizer = load_tokenizer(resolve_path(cfg.tokenizer.path))
+    else:
+        t = cfg.tokenizer
+        with tempfile.TemporaryDirectory(prefix="albert-spm-") as tmp:
+            sample = Path(tmp) / "sentences.txt"
+            lines = _write_sentence_sample(cfg, files, sample, limit=4 * t.input_sentence_size)
+            log(f"data: training a {t.vocab_size}-piece tokenizer on {lines:,} sentences")
+            train_sentencepiece([sample], out_dir, t.vocab_size, character_coverage=t.character_coverage,
+                                model_type=t.model_type, input_sentence_size=t.input_sentence_size,
+                                seed=cfg.data.seed, progress=log)
+        tokenizer = load_tokenizer(out_dir)
+    tokenizer.save(out_dir)
+    return tokenizer
+
+
+def _write_sentence_sample(cfg: DataJobConfig, files: list[str], path: Path, limit: int) -> int:
+    """The corpus's first `limit` sentences, one per line (the trainer reservoir-samples from them)."""
+    d = cfg.data
+
+    def sentences(batch: dict) -> dict:
+        out: list[str] = []
+        for text, presplit in zip(batch["text"], batch["presplit"]):
+            out.extend(document_sentences(str(text), bool(presplit), d.language, d.max_sentence_chars, Counter()))
+        return {"sentence": out}
+
+    documents = read_documents(files, d.format, d.text_field, num_cpus=_READ_CPUS)
+    written = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for batch in documents.map_batches(sentences, batch_size=_DOCS_PER_BATCH).iter_batches(
+                batch_size=None, batch_format="numpy"):
+            for sentence in batch["sentence"]:
+                f.write(str(sentence) + "\n")
+                written += 1
+                if written >= limit:
+                    return written
+    return written
+
+
+class _ShardWriter:
+    """Parquet shards of `rows_per_shard` rows, `instance_id` numbered in arrival order."""
+
+    def __init__(self, directory: Path, rows_per_shard: int, schema: pa.Schema):
+        self.directory, self.rows_per_shard = directory, rows_per_shard
+        self.schema = pa.schema([("instance_id", pa.int64()), *schema])
+        self.shards: list[dict[str, Any]] = []
+        self.rows = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._in_shard = 0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def write(self, table: pa.Table) -> None:
+        while table.num_rows:
+            if self._writer is None:
+                name = f"part-{len(self.shards):05d}.parquet"
+                self._writer = pq.ParquetWriter(self.directory / name, self.schema, compression="zstd")
+                self.shards.append({"path": f"{self.directory.name}/{name}", "rows": 0})
+            take = min(table.num_rows, self.rows_per_shard - self._in_shard)
+            part = table.slice(0, take)
+            ids = pa.array(range(self.rows, self.rows + take), pa.int64())
+            self._writer.write_table(pa.Table.from_arrays([ids, *part.columns], schema=self.schema))
+            self.rows += take
+            self._in_shard += take
+            self.shards[-1]["rows"] += take
+            table = table.slice(take)
+            if self._in_shard == self.rows_per_shard:
+                self.close()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer, self._in_shard = None, 0
+
+
+def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool) -> dict[str, dict[str, Any]]:
+    import pyarrow.compute as pc
+
+    schema = pa.unify_schemas([INSTANCE_SCHEMA, STATIC_MASK_SCHEMA]) if static else INSTANCE_SCHEMA
+    writers = {name: _ShardWriter(stage / name, rows_per_shard, schema) for name in ("train", "eval")}
+    try:
+        for batch in instances.iter_batches(batch_size=None, batch_format="pyarrow"):
+            is_eval = batch.column("is_eval")
+            columns = batch.select(schema.names)
+            writers["train"].write(columns.filter(pc.invert(is_eval)))
+            writers["eval"].write(columns.filter(is_eval))
+    except Exception as err:  # noqa: BLE001 - surface a DataError raised inside a Ray task as itself
+        cause = _user_error(err)
+        if cause is not None:
+            raise cause from None
+        raise
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return {name: {"rows": w.rows, "shards": w.shards} for name, w in writers.items()}
+
+
+def _user_error(err: BaseException) -> AlbertDistError | None:
+    """The `AlbertDistError` a Ray task raised, unwrapped from Ray's error layers (whose messages carry
+    tracebacks), so the CLI prints its one-line message."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, AlbertDistError):
+            return cause
+        if isinstance(err, AlbertDistError) and type(err).__module__.startswith("albert_dist"):
+            return err
+        err = cause if isinstance(cause, BaseException) else err.__cause__
+    return None
+
+
+def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, summary: dict,
+                    files: list[str]) -> None:
+    vocab_file = next(p for p in (stage / "tokenizer" / n for n in ("spiece.model", "vocab.txt")) if p.exists())
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "inputs": files,
+        "config": cfg.model_dump(),
+        "max_seq_length": cfg.data.max_seq_length,
+        "static_masking": cfg.masking.static,
+        "tokenizer": {"dir": "tokenizer", "file": vocab_file.name, "sha256": sha256_file(vocab_file),
+                      "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id, "unk_id": tokenizer.unk_id,
+                      "cls_id": tokenizer.cls_id, "sep_id": tokenizer.sep_id, "mask_id": tokenizer.mask_id,
+                      "special_ids": sorted(tokenizer.special_ids)},
+        "splits": splits,
+        "summary": summary,
+    }
+    (stage / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _staging(location: str):
+    """A local staging directory, published to `location` on success (replacing what was there), else removed.
+
+    Local outputs are staged next to the target and renamed; URIs are staged locally, uploaded beside the
+    target, then moved over it.
+    """
+    if is_uri(location):
+        stage = Path(tempfile.mkdtemp(prefix="albert-data-"))
+    else:
+        target = Path(location)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        stage = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+        stage.mkdir()
+    try:
+        yield stage
+        _publish(stage, location)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _publish(stage: Path, location: str) -> None:
+    import pyarrow.fs as pafs
+
+    if not is_uri(location):
+        target = Path(location)
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        if target.exists():
+            os.replace(target, old)
+        os.replace(stage, target)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    fs, path = filesystem(location)
+    upload = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    pafs.copy_files(str(stage), upload, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
+    fs.move(upload, path)
+
+
+@contextlib.contextmanager
+def _ordered_execution(progress_bars: bool):
+    """Ray Data keeps block order (so the output is deterministic) and shows progress bars only when asked."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars
+    ctx.execution_options.preserve_order, ctx.enable_progress_bars = True, progress_bars
+    try:
+        yield
+    finally:
+        ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    width = max(len(k) for k in summary)
+    lines = ["data prepare summary:"]
+    for key, value in summary.items():
+        lines.append(f"  {key:<{width}}  {value:,}" if isinstance(value, int) else f"  {key:<{width}}  {value}")
+    return "\n".join(lines)

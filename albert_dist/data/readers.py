@@ -1,0 +1,197 @@
+"""Corpus files to documents: path expansion, decoding and the per-format parsers, run through Ray Data.
+
+Each file is read whole by `ray.data.read_binary_files` and parsed by one function, so undecodable bytes can be
+counted (they are replaced, never fatal) and a broken JSONL line is reported with its file and line number.
+Damage that loses nothing (bad bytes, empty files, blank documents) is counted; input the job cannot interpret
+(invalid JSON, a missing field or column, a corrupt gzip or Parquet file) stops it with a `DataError`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import io
+import json
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow.fs as pafs
+
+from albert_dist.errors import DataError
+
+_GLOB_CHARS = "*?["
+_JSONL_EXTENSIONS = (".jsonl", ".json", ".ndjson")
+_PARQUET_EXTENSIONS = (".parquet", ".pq")
+
+Document = dict[str, Any]  # {"doc_key": str, "text": str, "presplit": bool}
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and in-filesystem path of a local path or a URI (s3://, gs://, hdfs://, file://)."""
+    if "://" in location:
+        try:
+            return pafs.FileSystem.from_uri(location)
+        except Exception as err:  # noqa: BLE001 - pyarrow raises several types for bad or unsupported URIs
+            raise DataError(f"cannot open {location}: {err}") from None
+    return pafs.LocalFileSystem(), str(Path(location).expanduser().resolve())
+
+
+def resolve_inputs(inputs: list[str]) -> list[str]:
+    """Expand files, directories (recursively) and globs into a sorted, de-duplicated list of files.
+
+    A missing path or a glob that matches nothing is an error: silently training on less data is worse.
+    """
+    if not inputs:
+        raise DataError("data.inputs is empty: give files, directories or globs")
+    files: set[str] = set()
+    for item in inputs:
+        fs, path = filesystem(item)
+        prefix = item[: len(item) - len(path)] if "://" in item and item.endswith(path) else ""
+        matched = _expand(fs, path)
+        if not matched:
+            what = "glob matches no file" if any(c in path for c in _GLOB_CHARS) else "path not found"
+            raise DataError(f"data.inputs: {what}: {item}")
+        files.update(prefix + m if prefix else m for m in matched)
+    return sorted(files)
+
+
+def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
+    if any(c in path for c in _GLOB_CHARS):
+        parts = path.split("/")
+        fixed = next(i for i, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
+        base = "/".join(parts[:fixed]) or "/"
+        if fs.get_file_info(base).type != pafs.FileType.Directory:
+            return []
+        pattern = path.replace("**/", "*")
+        return [f for f in _list_files(fs, base) if fnmatch.fnmatch(f, pattern)]
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [path]
+    if info.type == pafs.FileType.Directory:
+        return _list_files(fs, path)
+    return []
+
+
+def _list_files(fs: pafs.FileSystem, directory: str) -> list[str]:
+    """Files under `directory`, skipping hidden ones (.DS_Store, .crc, editor swap files)."""
+    infos = fs.get_file_info(pafs.FileSelector(directory, recursive=True))
+    return [i.path for i in infos if i.type == pafs.FileType.File
+            and not any(part.startswith((".", "_")) for part in Path(i.path).relative_to(directory).parts)]
+
+
+def file_format(path: str, configured: str) -> str:
+    """`configured` unless it is 'auto': then .jsonl/.json/.ndjson → jsonl, .parquet/.pq → parquet, any other
+    text → blocks (blank-line separated documents, which also reads google's one-sentence-per-line files)."""
+    if configured != "auto":
+        return configured
+    name = path.lower().removesuffix(".gz")
+    if name.endswith(_JSONL_EXTENSIONS):
+        return "jsonl"
+    if name.endswith(_PARQUET_EXTENSIONS):
+        return "parquet"
+    return "blocks"
+
+
+def parse_file(path: str, data: bytes, fmt: str, text_field: str) -> tuple[list[Document], Counter]:
+    """Documents of one file and its counters (files, bytes, replaced_chars, empty_files, empty_documents)."""
+    counts: Counter = Counter(files=1)
+    if path.lower().endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:
+            raise DataError(f"{path}: not a valid gzip file ({err})") from None
+    counts["bytes"] = len(data)
+    fmt = file_format(path, fmt)
+    if fmt == "parquet":
+        texts = _parquet_texts(path, data, text_field)
+        presplit = False
+    else:
+        text = data.decode("utf-8-sig", errors="replace")
+        # U+FFFD that was already in the file (encoded as EF BF BD) is not a decoding error.
+        counts["replaced_chars"] = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
+        texts = _TEXT_PARSERS[fmt](path, text, text_field)
+        presplit = fmt == "sentences"
+    if not data.strip():
+        counts["empty_files"] = 1
+    documents = []
+    for index, text in enumerate(texts):
+        if text is None or not text.strip():
+            counts["empty_documents"] += 1
+            continue
+        documents.append({"doc_key": f"{path}#{index}", "text": text, "presplit": presplit})
+    return documents, counts
+
+
+def _sentences(path: str, text: str, _: str) -> list[str]:
+    """google-research format: one sentence per line, a blank line between documents."""
+    return ["\n".join(ln.strip() for ln in block.splitlines() if ln.strip()) for block in _blocks(path, text, _)]
+
+
+def _blocks(path: str, text: str, _: str) -> list[str]:
+    documents, current = [], []
+    for line in text.splitlines():
+        if line.strip():
+            current.append(line)
+        elif current:
+            documents.append("\n".join(current))
+            current = []
+    if current:
+        documents.append("\n".join(current))
+    return documents
+
+
+def _lines(path: str, text: str, _: str) -> list[str]:
+    return text.splitlines()
+
+
+def _jsonl(path: str, text: str, text_field: str) -> list[str | None]:
+    texts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(record, dict) or text_field not in record:
+            raise DataError(f"{path}:{number}: record has no field {text_field!r} (set data.text_field)")
+        value = record[text_field]
+        if value is not None and not isinstance(value, str):
+            raise DataError(f"{path}:{number}: field {text_field!r} is {type(value).__name__}, not a string")
+        texts.append(value)
+    return texts
+
+
+_TEXT_PARSERS: dict[str, Callable[[str, str, str], list]] = {
+    "sentences": _sentences, "blocks": _blocks, "lines": _lines, "jsonl": _jsonl}
+
+
+def _parquet_texts(path: str, data: bytes, column: str) -> list[str | None]:
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(io.BytesIO(data))
+    except Exception as err:  # noqa: BLE001 - pyarrow's ArrowInvalid and friends
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
+    names = file.schema_arrow.names
+    if column not in names:
+        raise DataError(f"{path}: Parquet file has no column {column!r} (columns: {', '.join(names)}; "
+                        f"set data.text_field)")
+    return file.read(columns=[column]).column(column).to_pylist()
+
+
+def read_documents(files: list[str], fmt: str, text_field: str,
+                   tally: Callable[[Counter], None] | None = None, num_cpus: float | None = None):
+    """A Ray Dataset of documents (`doc_key`, `text`, `presplit`), in file order when order is preserved."""
+    import ray.data
+
+    def parse(row: dict) -> list[Document]:
+        documents, counts = parse_file(row["path"], row["bytes"], fmt, text_field)
+        if tally is not None:
+            tally(counts)
+        return documents
+
+    return (ray.data.read_binary_files(files, include_paths=True, num_cpus=num_cpus)
+            .flat_map(parse, num_cpus=num_cpus))
