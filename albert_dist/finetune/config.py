@@ -1,0 +1,136 @@
+"""Job configs of `albert-dist finetune` and `albert-dist distill`, composed of the shared sections."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from albert_dist.config import (
+    ModelSection,
+    RunSection,
+    ScalingSection,
+    Section,
+    TrackingSection,
+    TrainSection,
+)
+
+LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")
+
+
+def _finetune_train() -> TrainSection:
+    """google's GLUE recipe: AdamW, lr in 1e-5..5e-5; max_steps and warmup_steps are derived from the epochs."""
+    return TrainSection(optimizer="adamw", learning_rate=3e-5, weight_decay=0.01, batch_size=32, eval_every=100,
+                        checkpoint_every=500, log_every=20)
+
+
+class TaskDataSection(Section):
+    """Labelled text in CSV, TSV, JSONL or Parquet. Without a dev (test) file, a seeded share of train is held out."""
+
+    train: str | None = Field(None, description="Training file.")
+    dev: str | None = Field(None, description="Dev file; when empty, dev_fraction of train is held out.")
+    test: str | None = Field(None, description="Test file; when empty and test_fraction > 0, held out of train.")
+    format: Literal["auto", "csv", "tsv", "jsonl", "parquet"] = "auto"
+    text_column: str = "text"
+    text_pair_column: str | None = Field(None, description="Second text of pair tasks (LCQMC, MRPC).")
+    label_column: str = "label"
+    labels: list[str] | None = Field(None, description="Label names in id order; default: sorted train labels.")
+    dev_fraction: float = Field(0.1, gt=0, lt=1)
+    test_fraction: float = Field(0.0, ge=0, lt=1)
+    split_seed: int = 12345
+    max_seq_length: int = Field(128, ge=8, le=8192)
+    pad_to_multiple_of: int = Field(8, ge=1)
+
+
+class FinetuneSection(Section):
+    """What fine-tuning adds to the training loop: task kind, epochs, ALBERT-aware learning rates, early stopping.
+
+    Learning-rate scales multiply `train.learning_rate` per parameter group: `head` (classifier + pooler),
+    `group0..group{G-1}` (ALBERT's shared layer groups) and `embeddings` (incl. the E→H mapping). With
+    `layer_lr_decay` d: head ×1, last group ×d, …, group0 ×d^G, embeddings ×d^(G+1). `lr_scales` overrides
+    single groups; 0 freezes one.
+    """
+
+    task: Literal["classification", "regression"] = "classification"
+    epochs: float | None = Field(3.0, gt=0, description="Sets train.max_steps; empty keeps train.max_steps.")
+    warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of the steps warming up (sets warmup_steps).")
+    layer_lr_decay: float = Field(1.0, gt=0, le=1)
+    lr_scales: dict[str, float] = Field(default_factory=dict)
+    metric: Literal["accuracy", "f1", "mcc", "pearson", "spearman", "loss"] | None = Field(
+        None, description="Dev metric for the best model and early stopping (accuracy / pearson by default).")
+    early_stopping_patience: int | None = Field(None, ge=1, description="Evaluations without improvement.")
+    eval_batch_size: int = Field(64, gt=0)
+
+    @field_validator("lr_scales")
+    @classmethod
+    def _known_groups(cls, scales: dict[str, float]) -> dict[str, float]:
+        for name, scale in scales.items():
+            if not LR_GROUP.match(name):
+                raise ValueError(f"unknown parameter group {name!r}: use embeddings, group<k> or head")
+            if scale < 0:
+                raise ValueError(f"lr scale of {name} must be >= 0, got {scale}")
+        return scales
+
+    @model_validator(mode="after")
+    def _metric_fits_task(self) -> "FinetuneSection":
+        kinds = {"accuracy": "classification", "f1": "classification", "mcc": "classification",
+                 "pearson": "regression", "spearman": "regression"}
+        if kinds.get(self.metric or "loss", self.task) != self.task:
+            raise ValueError(f"metric {self.metric} does not apply to {self.task}")
+        return self
+
+    @property
+    def best_metric(self) -> str:
+        return self.metric or ("pearson" if self.task == "regression" else "accuracy")
+
+
+class FinetuneJobConfig(Section):
+    """`albert-dist finetune`: `model.init_from` is the pretrained model directory (ours or transformers')."""
+
+    run: RunSection = Field(default_factory=lambda: RunSection(name="finetune"))
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: TaskDataSection = Field(default_factory=TaskDataSection)
+    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
+    scaling: ScalingSection = Field(default_factory=ScalingSection)
+    train: TrainSection = Field(default_factory=_finetune_train)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+
+
+class StudentSection(Section):
+    """The student's shape; empty fields keep the teacher's value."""
+
+    num_hidden_layers: int | None = Field(None, gt=0)
+    hidden_size: int | None = Field(None, gt=0)
+    num_attention_heads: int | None = Field(None, gt=0)
+    intermediate_size: int | None = Field(None, gt=0)
+    init_from_teacher: bool = Field(True, description="Copy every teacher weight whose name and shape fit: with "
+                                                      "the hidden size kept that is all of them (same shared "
+                                                      "groups, fewer layers); otherwise the embeddings.")
+
+    def overrides(self) -> dict[str, int]:
+        return {k: v for k, v in self.model_dump(exclude={"init_from_teacher"}).items() if v is not None}
+
+
+class DistillSection(Section):
+    """loss = alpha·T²·KL(student/T ‖ teacher/T) + (1−alpha)·CE(labels) + hidden_weight·MSE(hidden states)."""
+
+    teacher: str | None = Field(None, description="The fine-tuned teacher's model directory.")
+    temperature: float = Field(2.0, gt=0)
+    alpha: float = Field(0.5, ge=0, le=1)
+    hidden_weight: float = Field(0.0, ge=0, description="beta: weight of the hidden-state MSE; 0 disables it.")
+    speed_batch_size: int = Field(32, gt=0, description="Batch of the teacher/student speed measurement.")
+    speed_repeats: int = Field(20, gt=0)
+
+
+class DistillJobConfig(Section):
+    """`albert-dist distill`: the teacher's dir carries the tokenizer and the label names."""
+
+    run: RunSection = Field(default_factory=lambda: RunSection(name="distill"))
+    distill: DistillSection = Field(default_factory=DistillSection)
+    student: StudentSection = Field(default_factory=lambda: StudentSection(num_hidden_layers=4))
+    data: TaskDataSection = Field(default_factory=TaskDataSection)
+    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
+    scaling: ScalingSection = Field(default_factory=ScalingSection)
+    train: TrainSection = Field(default_factory=lambda: _finetune_train().model_copy(update={"learning_rate": 1e-4}))
+    tracking: TrackingSection = Field(default_factory=TrackingSection)

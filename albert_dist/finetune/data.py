@@ -1,0 +1,218 @@
+"""Labelled text tables (CSV, TSV, JSONL, Parquet) → label ids → fixed-width token arrays → Ray datasets.
+
+Files are read with pyarrow. Tokenization happens once, in the driver, into arrays padded to `max_seq_length`
+with each row's length kept; batches are cut back to the longest row (rounded up to a multiple of 8) when
+collated, so little compute goes to padding. Every problem with the input is a `DataError` naming file and column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from albert_dist.errors import ConfigError, DataError
+
+_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
+            ".parquet": "parquet", ".pq": "parquet"}
+
+
+def file_format(path: str | Path, fmt: str = "auto") -> str:
+    if fmt != "auto":
+        return fmt
+    suffix = Path(path).suffix.lower()
+    if suffix not in _FORMATS:
+        raise DataError(f"{path}: cannot tell the format from {suffix or 'no extension'!r}; "
+                        f"use one of {', '.join(sorted(_FORMATS))} or set data.format")
+    return _FORMATS[suffix]
+
+
+def read_table(path: str | Path, fmt: str = "auto") -> pa.Table:
+    """The whole file as a table; a missing, empty or unparsable file is a DataError naming it."""
+    import pyarrow.csv as pacsv
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    kind = file_format(path, fmt)
+    if not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    if path.stat().st_size == 0:
+        raise DataError(f"data file is empty: {path}")
+    try:
+        if kind == "parquet":
+            table = pq.read_table(path)
+        elif kind == "jsonl":
+            table = pajson.read_json(path)
+        else:
+            parse = pacsv.ParseOptions(delimiter="\t", quote_char=False) if kind == "tsv" else None
+            table = pacsv.read_csv(path, parse_options=parse)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DataError(f"cannot read {path} as {kind}: {err}") from None
+    if table.num_rows == 0:
+        raise DataError(f"data file has no rows: {path}")
+    return table
+
+
+def require_columns(table: pa.Table, path: str | Path, **roles: str | None) -> None:
+    """Each `role=column` must exist; the error names the file, the role and the columns there are."""
+    for role, column in roles.items():
+        if column is not None and column not in table.column_names:
+            raise DataError(f"{path}: no column {column!r} ({role}); the file has "
+                            f"{', '.join(map(repr, table.column_names))}")
+
+
+def text_values(table: pa.Table, column: str) -> list[str]:
+    return ["" if v is None else str(v) for v in table.column(column).to_pylist()]
+
+
+@dataclass
+class Split:
+    """Raw rows of one split: texts, optional pair texts, raw label values; `source` names where they came from."""
+
+    source: str
+    texts: list[str]
+    pairs: list[str] | None
+    labels: list[Any]
+
+    def take(self, indices: np.ndarray, source: str) -> "Split":
+        pick = lambda values: [values[i] for i in indices]  # noqa: E731
+        return Split(source, pick(self.texts), pick(self.pairs) if self.pairs is not None else None,
+                     pick(self.labels))
+
+
+def read_split(path: str, data, label_column: str | None) -> Split:
+    """Read one labelled (or, with `label_column=None`, unlabelled) file of a `TaskDataSection`."""
+    table = read_table(path, data.format)
+    require_columns(table, path, text_column=data.text_column, text_pair_column=data.text_pair_column,
+                    label_column=label_column)
+    labels = table.column(label_column).to_pylist() if label_column else [None] * table.num_rows
+    if label_column and any(v is None for v in labels):
+        row = labels.index(None)
+        raise DataError(f"{path}: column {label_column!r} is empty in row {row + 1}")
+    pairs = text_values(table, data.text_pair_column) if data.text_pair_column else None
+    return Split(str(path), text_values(table, data.text_column), pairs, labels)
+
+
+def load_splits(data) -> dict[str, Split]:
+    """train, dev and (when given or held out) test; missing dev/test are seeded random shares of train."""
+    if not data.train:
+        raise ConfigError("data.train is not set: give the training file")
+    splits = {"train": read_split(data.train, data, data.label_column)}
+    for name in ("dev", "test"):
+        if getattr(data, name):
+            splits[name] = read_split(getattr(data, name), data, data.label_column)
+    held_out = {name: fraction for name, fraction in (("test", data.test_fraction), ("dev", data.dev_fraction))
+                if name not in splits and fraction > 0}
+    if held_out:
+        train = splits["train"]
+        order = np.random.default_rng(data.split_seed).permutation(len(train.texts))
+        start = 0
+        for name, fraction in held_out.items():
+            count = max(1, round(len(order) * fraction))
+            splits[name] = train.take(order[start:start + count], f"{train.source} ({name} share)")
+            start += count
+        if start >= len(order):
+            raise DataError(f"{train.source}: {len(order)} rows leave nothing to train on after holding out "
+                            f"{', '.join(held_out)}")
+        splits["train"] = train.take(np.sort(order[start:]), train.source)
+    return splits
+
+
+def label_names(train: Split, given: list[str] | None) -> list[str]:
+    """Label names in id order: `given`, else the distinct train labels sorted (numerically when all numbers)."""
+    if given:
+        return list(given)
+    values = sorted({str(v) for v in train.labels})
+    try:
+        return sorted(values, key=float)
+    except ValueError:
+        return values
+
+
+def label_ids(split: Split, column: str, task: str, label2id: dict[str, int]) -> np.ndarray:
+    """Class ids (classification) or float targets (regression); an unknown or non-numeric label names its row."""
+    if task == "regression":
+        try:
+            return np.asarray([float(v) for v in split.labels], dtype=np.float32)
+        except (TypeError, ValueError):
+            bad = next(v for v in split.labels if not _is_number(v))
+            raise DataError(f"{split.source}: column {column!r} holds {bad!r}, not a number (regression)") from None
+    ids = np.empty(len(split.labels), dtype=np.int64)
+    for row, value in enumerate(split.labels):
+        if str(value) not in label2id:
+            raise DataError(f"{split.source}: unknown label {value!r} in column {column!r} (row {row + 1}); "
+                            f"known labels: {', '.join(label2id)}")
+        ids[row] = label2id[str(value)]
+    return ids
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def encode_texts(tokenizer, texts: list[str], pairs: list[str] | None, max_seq_length: int) -> dict[str, np.ndarray]:
+    """`input_ids`, `token_type_ids` padded to `max_seq_length` and each row's `length`."""
+    n = len(texts)
+    input_ids = np.full((n, max_seq_length), tokenizer.pad_id, dtype=np.int32)
+    token_type_ids = np.zeros((n, max_seq_length), dtype=np.int8)
+    lengths = np.empty(n, dtype=np.int32)
+    for i, text in enumerate(texts):
+        row = tokenizer.encode_pair(text, pairs[i] if pairs is not None else None, max_seq_length)
+        k = len(row["input_ids"])
+        input_ids[i, :k], token_type_ids[i, :k], lengths[i] = row["input_ids"], row["token_type_ids"], k
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "length": lengths}
+
+
+@dataclass
+class EncodedSplit:
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.arrays["length"])
+
+
+def encode_split(split: Split, tokenizer, max_seq_length: int, labels: np.ndarray) -> EncodedSplit:
+    """Token arrays plus `label` and `row` (the row's index, which keys per-row evaluation tables)."""
+    arrays = encode_texts(tokenizer, split.texts, split.pairs, max_seq_length)
+    arrays.update(label=labels, row=np.arange(len(labels), dtype=np.int64))
+    return EncodedSplit(arrays)
+
+
+def to_ray_dataset(encoded: EncodedSplit):
+    """A Ray dataset of the arrays (2-D ones as tensor columns)."""
+    import ray.data
+    from ray.data.extensions import ArrowTensorArray
+
+    columns = {k: ArrowTensorArray.from_numpy(v) if v.ndim > 1 else pa.array(v) for k, v in encoded.arrays.items()}
+    return ray.data.from_arrow(pa.table(columns))
+
+
+def collate(rows: dict[str, np.ndarray], pad_to_multiple_of: int) -> dict[str, torch.Tensor]:
+    """Model inputs cut to the longest row, rounded up to `pad_to_multiple_of`, with the attention mask."""
+    lengths = torch.as_tensor(rows["length"], dtype=torch.long)
+    full = rows["input_ids"].shape[1]
+    width = min(full, -(-int(lengths.max()) // pad_to_multiple_of) * pad_to_multiple_of)
+    batch = {
+        "input_ids": torch.as_tensor(rows["input_ids"][:, :width], dtype=torch.long),
+        "token_type_ids": torch.as_tensor(rows["token_type_ids"][:, :width], dtype=torch.long),
+        "attention_mask": (torch.arange(width)[None, :] < lengths[:, None]).long(),
+    }
+    for key in ("label", "row"):
+        if key in rows:
+            batch[key] = torch.as_tensor(rows[key])
+    return batch
+
+
+def batches(encoded: EncodedSplit, batch_size: int, pad_to_multiple_of: int):
+    """In-process batches of an encoded split, in row order (driver-side evaluation, prediction)."""
+    for start in range(0, len(encoded), batch_size):
+        yield collate({k: v[start:start + batch_size] for k, v in encoded.arrays.items()}, pad_to_multiple_of)

@@ -1,0 +1,264 @@
+"""`albert-dist distill`: a fine-tuned teacher (frozen, eval mode) trains a smaller ALBERT student.
+
+loss = α·T²·KL(softmax(s/T) ‖ softmax(t/T)) + (1−α)·CE(s, y) + β·MSE(proj(h_s), h_t)
+
+The teacher's logits (and hidden states) are computed inside the training loop, in the same forward pass as
+the student's, on the same batch and precision: nothing is precomputed or stored. Hidden states are matched
+layer to layer, student layer i (1-based) → teacher layer round(i·Lt/Ls), through one learned linear projection
+when the hidden sizes differ; the projection is training-only and never written into the student's checkpoint
+(it is kept beside it in checkpoints, for exact resume, and left out of the published model).
+
+When the student keeps the teacher's hidden size, ALBERT's sharing makes initialising it from the teacher free:
+the same shared groups, applied fewer times.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from albert_dist import tracking
+from albert_dist.config import dump_yaml, flatten
+from albert_dist.errors import ConfigError
+from albert_dist.finetune import data, inference, job
+from albert_dist.finetune.config import DistillJobConfig
+from albert_dist.finetune.task import SequenceClassificationTask
+from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+from albert_dist.tokenizer import load_tokenizer
+from albert_dist.train.loop import replace_dir_atomically
+
+PROJECTION_FILE = "distill_projection.safetensors"
+
+
+def teacher_layer(student_layer: int, student_layers: int, teacher_layers: int) -> int:
+    """The teacher layer (1-based) whose output student layer `student_layer` (1-based) imitates."""
+    return round(student_layer * teacher_layers / student_layers)
+
+
+class DistillationModel(torch.nn.Module):
+    """Student + frozen teacher (+ the hidden-state projection). Its parameters that train are the student's
+    and the projection's; `train()` never takes the teacher out of eval mode."""
+
+    def __init__(self, student: AlbertForSequenceClassification, teacher: AlbertForSequenceClassification,
+                 match_hidden: bool):
+        super().__init__()
+        self.student, self.teacher = student, teacher.eval().requires_grad_(False)
+        hs, ht = student.config.hidden_size, teacher.config.hidden_size
+        self.match_hidden = match_hidden
+        self.projection = torch.nn.Linear(hs, ht) if match_hidden and hs != ht else None
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        """(student logits, teacher logits, hidden-state MSE or None)."""
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                      output_hidden_states=self.match_hidden)
+        with torch.no_grad():
+            teacher = self.teacher(**inputs)
+        student = self.student(**inputs)
+        hidden = self.hidden_mse(student.hidden_states, teacher.hidden_states, attention_mask) \
+            if self.match_hidden else None
+        return student.logits, teacher.logits, hidden
+
+    def hidden_mse(self, student_states, teacher_states, attention_mask) -> torch.Tensor:
+        s_inner, t_inner = self.student.config.inner_group_num, self.teacher.config.inner_group_num
+        Ls, Lt = self.student.config.num_hidden_layers, self.teacher.config.num_hidden_layers
+        mask = attention_mask.unsqueeze(-1).float()
+        total = 0.0
+        for i in range(1, Ls + 1):
+            s = student_states[i * s_inner].float()
+            t = teacher_states[teacher_layer(i, Ls, Lt) * t_inner].float()
+            if self.projection is not None:
+                s = self.projection(s)
+            total = total + (((s - t) ** 2) * mask).sum() / (mask.sum() * t.shape[-1])
+        return total / Ls
+
+
+def distillation_loss(student_logits, teacher_logits, labels, temperature: float, alpha: float):
+    """(α·T²·KL(student/T ‖ teacher/T) + (1−α)·CE, KL term, CE term)."""
+    T = temperature
+    kd = F.kl_div(F.log_softmax(student_logits.float() / T, -1), F.log_softmax(teacher_logits.float() / T, -1),
+                  reduction="batchmean", log_target=True) * T * T
+    ce = F.cross_entropy(student_logits.float(), labels)
+    return alpha * kd + (1 - alpha) * ce, kd, ce
+
+
+class DistillationTask(SequenceClassificationTask):
+    def build_model(self) -> torch.nn.Module:
+        c = self.config
+        student = AlbertForSequenceClassification.from_pretrained(c["init_from"])
+        teacher = AlbertForSequenceClassification.from_pretrained(c["teacher_dir"])
+        return DistillationModel(student, teacher, c["hidden_weight"] > 0)
+
+    def num_hidden_groups(self, model) -> int:
+        return model.student.config.num_hidden_groups
+
+    def loss(self, model, batch):
+        c = self.config
+        student_logits, teacher_logits, hidden = model(batch["input_ids"], batch["attention_mask"],
+                                                       batch["token_type_ids"])
+        loss, kd, ce = distillation_loss(student_logits, teacher_logits, batch["label"], c["temperature"],
+                                         c["alpha"])
+        if hidden is not None:
+            loss = loss + c["hidden_weight"] * hidden
+        stats = self.statistics(student_logits, loss, batch)
+        n = batch["label"].shape[0]
+        stats.update(kd_loss_sum=kd.detach() * n, ce_loss_sum=ce.detach() * n)
+        if hidden is not None:
+            stats["hidden_loss_sum"] = hidden.detach() * n
+        return loss, stats
+
+    def summarize(self, sums):
+        out = super().summarize(sums)
+        count = max(1.0, sums.get("count", 0.0))
+        out.update({name[:-4]: sums[name] / count for name in ("kd_loss_sum", "ce_loss_sum", "hidden_loss_sum")
+                    if name in sums})
+        return out
+
+    def save_model(self, model, directory: Path) -> None:
+        super().save_model(model.student, directory)
+        if model.projection is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in model.projection.state_dict().items()},
+                      str(directory / PROJECTION_FILE))
+
+    def load_weights(self, model, directory: Path) -> None:
+        model.student.load_state_dict(AlbertForSequenceClassification.from_pretrained(directory).state_dict())
+        if model.projection is not None:
+            model.projection.load_state_dict(load_file(str(directory / PROJECTION_FILE)))
+
+
+def build_distill_task(config: dict[str, Any]) -> DistillationTask:
+    return DistillationTask(config)
+
+
+def build_student(teacher: AlbertForSequenceClassification, cfg: DistillJobConfig) -> AlbertForSequenceClassification:
+    """The student: the teacher's config with the student's overrides; with `init_from_teacher` every teacher
+    tensor whose name and shape fit is copied (all of them when the hidden size is kept)."""
+    overrides = cfg.student.overrides()
+    layers = overrides.get("num_hidden_layers", teacher.config.num_hidden_layers)
+    if teacher.config.num_hidden_groups > layers:
+        raise ConfigError(f"student.num_hidden_layers ({layers}) is below the teacher's num_hidden_groups "
+                          f"({teacher.config.num_hidden_groups})")
+    try:
+        config = AlbertConfig.from_dict(teacher.config.to_dict(), **overrides)
+    except ConfigError as err:
+        raise ConfigError(f"student: {err}") from None
+    torch.manual_seed(cfg.run.seed)
+    student = AlbertForSequenceClassification(config)
+    if cfg.student.init_from_teacher:
+        own = student.state_dict()
+        fitting = {k: v for k, v in teacher.state_dict().items() if k in own and own[k].shape == v.shape}
+        student.load_state_dict(fitting, strict=False)
+    return student
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) -> dict[str, float]:
+    """Teacher and student dev metrics, the student's share of the teacher's metric, parameter counts and the
+    inference speedup on the same batch, machine and precision."""
+    metric = cfg.finetune.best_metric
+    dev = task_data.splits["dev"]
+    evaluate = dict(task=cfg.finetune.task, batch_size=cfg.finetune.eval_batch_size,
+                    pad_to_multiple_of=cfg.data.pad_to_multiple_of, precision=cfg.train.precision)
+    t_metrics, s_metrics = inference.evaluate(teacher, dev, **evaluate), inference.evaluate(student, dev, **evaluate)
+    batch = next(data.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
+    speed = {name: inference.throughput(model, batch, cfg.train.precision, cfg.distill.speed_repeats)
+             for name, model in (("teacher", teacher), ("student", student))}
+    out = {f"teacher_dev_{k}": v for k, v in t_metrics.items()}
+    out.update({f"student_dev_{k}": v for k, v in s_metrics.items()})
+    out.update({
+        "student_share_of_teacher": s_metrics[metric] / t_metrics[metric] if t_metrics.get(metric) else 0.0,
+        "teacher_parameters": float(parameter_count(teacher)), "student_parameters": float(parameter_count(student)),
+        "teacher_sequences_per_s": speed["teacher"], "student_sequences_per_s": speed["student"],
+        "speedup": speed["student"] / speed["teacher"],
+    })
+    return out
+
+
+@dataclass
+class DistillOutcome:
+    model_dir: Path
+    tracking_uri: str
+    run_id: str
+    train_metrics: dict[str, Any]
+    metrics: dict[str, float]  # see `compare`, plus test_* of the student when there is a test split
+
+
+def distill(cfg: DistillJobConfig) -> DistillOutcome:
+    teacher_dir = cfg.distill.teacher
+    if not teacher_dir:
+        raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
+    if cfg.finetune.task != "classification":
+        raise ConfigError("distillation needs a classification teacher (finetune.task=classification)")
+    teacher = AlbertForSequenceClassification.from_pretrained(teacher_dir)
+    names = [teacher.config.id2label[i] for i in range(teacher.config.num_labels)]
+    task_data = job.prepare_task_data(cfg.data, "classification", teacher_dir, label_names=names)
+    train, per_epoch = job.schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
+    run_dir = cfg.run.run_dir
+    uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
+    run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, run_dir, cfg.run.name,
+                                          tags=job.lineage_tags("distill", teacher_dir))
+    student_init = run_dir / "student_init"
+    student = build_student(teacher, cfg)
+    replace_dir_atomically(student_init, lambda d: save_with_tokenizer(student, teacher_dir, d))
+    tracking.log_params(uri, run_id, {**flatten(cfg), "train.derived_max_steps": train.max_steps,
+                                      "train.derived_warmup_steps": train.warmup_steps,
+                                      "student.num_parameters": parameter_count(student),
+                                      "teacher.num_parameters": parameter_count(teacher)})
+    tracking.log_text(uri, run_id, dump_yaml(cfg), "config/distill.yaml")
+    print(f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
+          f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
+          f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
+          f"H={student.config.hidden_size}); {train.max_steps} steps; MLflow run {run_id}")
+    d = cfg.distill
+    config = job.task_config(init_from=str(student_init), task_data=task_data, task="classification",
+                             finetune=cfg.finetune, train=train, data_section=cfg.data, per_epoch=per_epoch,
+                             seed=cfg.run.seed, model_overrides={}, tokenizer_dir=str(teacher_dir),
+                             teacher_dir=str(teacher_dir), temperature=d.temperature, alpha=d.alpha,
+                             hidden_weight=d.hidden_weight)
+    best_dir = run_dir / "best_checkpoint"
+    result = job.train_on_ray(cfg, task_factory="albert_dist.finetune.distill:build_distill_task", config=config,
+                              task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=best_dir)
+    model_dir = run_dir / "model"
+    replace_dir_atomically(model_dir, lambda d: shutil.copytree(
+        best_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
+    student = AlbertForSequenceClassification.from_pretrained(model_dir)
+    values = compare(teacher, student, task_data, cfg)
+    if "test" in task_data.splits:
+        values.update({f"test_{k}": v for k, v in inference.evaluate(
+            student, task_data.splits["test"], task="classification", precision=cfg.train.precision).items()})
+    job.log_final(uri, run_id, values, int(result.metrics.get("step", train.max_steps)))
+    tracking.log_artifacts(uri, run_id, model_dir, "model")
+    tracking.finish_run(uri, run_id)
+    return DistillOutcome(model_dir, uri, run_id, result.metrics, values)
+
+
+def save_with_tokenizer(model, tokenizer_source: str | Path, directory: Path) -> None:
+    model.save_pretrained(directory)
+    load_tokenizer(tokenizer_source).save(directory)
+
+
+def run_distill(cfg: DistillJobConfig) -> int:
+    outcome = distill(cfg)
+    m, metric = outcome.metrics, cfg.finetune.best_metric
+    print(f"teacher dev {metric} {m[f'teacher_dev_{metric}']:.4f} | student dev {metric} "
+          f"{m[f'student_dev_{metric}']:.4f} ({100 * m['student_share_of_teacher']:.1f}% of the teacher)")
+    print(f"parameters: teacher {m['teacher_parameters'] / 1e6:.2f}M, student {m['student_parameters'] / 1e6:.2f}M; "
+          f"inference ({cfg.train.precision}, batch {cfg.distill.speed_batch_size}): teacher "
+          f"{m['teacher_sequences_per_s']:.0f}/s, student {m['student_sequences_per_s']:.0f}/s, "
+          f"speedup ×{m['speedup']:.2f}")
+    print(f"student model: {outcome.model_dir}")
+    print(f"MLflow run {outcome.run_id} at {outcome.tracking_uri}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    return 0

@@ -1,0 +1,192 @@
+"""`albert-dist finetune`: the driver. It reads and tokenizes the task data, derives the schedule from the epochs,
+opens the MLflow run (linked to the source model), runs the fine-tuning task on Ray Train and publishes the best
+dev checkpoint as `<run_dir>/model`, then reports its dev and test metrics.
+
+The helpers here (data preparation, schedule, lineage, the training call) are shared with distillation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from albert_dist import tracking
+from albert_dist.config import TrainSection, dump_yaml, flatten
+from albert_dist.errors import ConfigError
+from albert_dist.finetune import data, inference
+from albert_dist.finetune.config import FinetuneJobConfig, FinetuneSection, TaskDataSection
+from albert_dist.model import AlbertForSequenceClassification
+from albert_dist.tokenizer import load_tokenizer
+
+DROPOUT_FIELDS = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout_prob"}
+
+
+@dataclass
+class TaskData:
+    """Encoded splits and the label names (None for regression)."""
+
+    splits: dict[str, data.EncodedSplit]
+    label_names: list[str] | None
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names) if self.label_names else 1
+
+
+def prepare_task_data(section: TaskDataSection, task: str, tokenizer_dir: str | Path,
+                      label_names: list[str] | None = None) -> TaskData:
+    """Read, label and tokenize train/dev(/test); `label_names` fixes the label order (a teacher's)."""
+    raw = data.load_splits(section)
+    names = None if task == "regression" else label_names or data.label_names(raw["train"], section.labels)
+    label2id = {name: i for i, name in enumerate(names or [])}
+    tokenizer = load_tokenizer(tokenizer_dir)
+    splits = {name: data.encode_split(split, tokenizer, section.max_seq_length,
+                                      data.label_ids(split, section.label_column, task, label2id))
+              for name, split in raw.items()}
+    return TaskData(splits, names)
+
+
+def label_overrides(task: str, label_names: list[str] | None) -> dict[str, Any]:
+    """config.json fields of the classifier: the label names are saved with the model."""
+    if task == "regression":
+        return {"num_labels": 1, "problem_type": "regression", "id2label": {0: "score"}, "label2id": {"score": 0}}
+    return {"num_labels": len(label_names), "problem_type": "single_label_classification",
+            "id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
+
+
+def schedule(train: TrainSection, finetune: FinetuneSection, num_train: int, num_workers: int
+             ) -> tuple[TrainSection, int]:
+    """`train` with max_steps from the epochs and warmup_steps = warmup_ratio × max_steps; and the number of
+    micro-batches per epoch (global batches of `batch_size × num_workers` rows, the last partial one dropped)."""
+    global_batch = train.batch_size * num_workers
+    per_epoch = num_train // global_batch
+    if per_epoch == 0:
+        raise ConfigError(f"{num_train} training rows do not fill one global batch of {global_batch} "
+                          f"(train.batch_size × scaling.num_workers): lower the batch size")
+    steps = math.ceil(finetune.epochs * per_epoch / train.grad_accum_steps) if finetune.epochs else train.max_steps
+    return TrainSection.model_validate({**train.model_dump(), "max_steps": steps,
+                                        "warmup_steps": round(finetune.warmup_ratio * steps)}), per_epoch
+
+
+def source_run_id(model_dir: str | Path) -> str | None:
+    """The MLflow run that produced `model_dir`: pretraining and fine-tuning record it beside the model
+    (`<run_dir>/mlflow_run_id`, model in `<run_dir>/model`)."""
+    model_dir = Path(model_dir)
+    for candidate in (model_dir / tracking.RUN_ID_FILE, model_dir.parent / tracking.RUN_ID_FILE):
+        if candidate.is_file():
+            return candidate.read_text().strip() or None
+    return None
+
+
+def lineage_tags(job: str, source: str | Path) -> dict[str, str]:
+    tags = {"albert_dist.job": job, "albert_dist.source_model": str(source)}
+    run_id = source_run_id(source)
+    if run_id:
+        tags["albert_dist.source_run_id"] = run_id
+    return tags
+
+
+def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: FinetuneSection, train: TrainSection,
+                data_section: TaskDataSection, per_epoch: int, seed: int, model_overrides: dict[str, Any],
+                **extra: Any) -> dict[str, Any]:
+    """What the workers' task needs (plain values only: it travels to every worker)."""
+    return {
+        "init_from": init_from, "tokenizer_dir": init_from, "task": task, "num_labels": task_data.num_labels,
+        "model_overrides": model_overrides, "metric": finetune.best_metric,
+        "patience": finetune.early_stopping_patience, "layer_lr_decay": finetune.layer_lr_decay,
+        "lr_scales": dict(finetune.lr_scales), "batch_size": train.batch_size,
+        "eval_batch_size": finetune.eval_batch_size, "grad_accum_steps": train.grad_accum_steps,
+        "micro_batches_per_epoch": per_epoch, "eval_rows": len(task_data.splits["dev"]), "seed": seed,
+        "pad_to_multiple_of": data_section.pad_to_multiple_of, **extra,
+    }
+
+
+def train_on_ray(cfg, *, task_factory: str, config: dict[str, Any], task_data: TaskData, train: TrainSection,
+                 uri: str, run_id: str, best_model_dir: Path):
+    """Run the task on Ray Train; the run is marked FAILED in MLflow when training raises."""
+    from albert_dist.train.ray_runner import run_training
+
+    datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
+    try:
+        return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task_factory=task_factory,
+                            task_config=config, train=train, scaling=cfg.scaling, seed=cfg.run.seed,
+                            datasets=datasets, tracking=(uri, run_id), best_model_dir=best_model_dir)
+    except BaseException:
+        tracking.finish_run(uri, run_id, "FAILED")
+        raise
+
+
+def final_metrics(model, task_data: TaskData, task: str, cfg) -> dict[str, float]:
+    """`dev_*` and `test_*` metrics of the published model, computed in the driver on the whole splits."""
+    out = {}
+    for split in ("dev", "test"):
+        if split in task_data.splits:
+            values = inference.evaluate(model, task_data.splits[split], task=task,
+                                        batch_size=cfg.finetune.eval_batch_size,
+                                        pad_to_multiple_of=cfg.data.pad_to_multiple_of, precision=cfg.train.precision)
+            out.update({f"{split}_{k}": v for k, v in values.items()})
+    return out
+
+
+def log_final(uri: str, run_id: str, values: dict[str, float], step: int) -> None:
+    logger = tracking.MetricsLogger(uri, run_id)
+    logger(values, step)
+
+
+@dataclass
+class FinetuneOutcome:
+    model_dir: Path
+    tracking_uri: str
+    run_id: str
+    label_names: list[str] | None
+    train_metrics: dict[str, Any]
+    metrics: dict[str, float]  # dev_* and test_* of the published (best) model
+
+
+def finetune(cfg: FinetuneJobConfig) -> FinetuneOutcome:
+    init_from = cfg.model.init_from
+    if not init_from:
+        raise ConfigError("model.init_from is not set: give the pretrained model directory")
+    structural = set(cfg.model.overrides()) - DROPOUT_FIELDS
+    if structural:
+        raise ConfigError(f"model.{sorted(structural)[0]} cannot change when fine-tuning {init_from}; "
+                          f"only dropout can")
+    task = cfg.finetune.task
+    task_data = prepare_task_data(cfg.data, task, init_from)
+    train, per_epoch = schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
+    run_dir = cfg.run.run_dir
+    uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
+    run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, run_dir, cfg.run.name,
+                                          tags=lineage_tags("finetune", init_from))
+    sizes = {f"data.{name}_rows": len(split) for name, split in task_data.splits.items()}
+    tracking.log_params(uri, run_id, {**flatten(cfg), **sizes, "train.derived_max_steps": train.max_steps,
+                                      "train.derived_warmup_steps": train.warmup_steps,
+                                      "labels": ",".join(task_data.label_names or [])})
+    tracking.log_text(uri, run_id, dump_yaml(cfg), "config/finetune.yaml")
+    print(f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {sizes} rows, "
+          f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s); MLflow run {run_id}")
+    overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
+    config = task_config(init_from=str(init_from), task_data=task_data, task=task, finetune=cfg.finetune,
+                         train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed,
+                         model_overrides=overrides)
+    model_dir = run_dir / "model"
+    result = train_on_ray(cfg, task_factory="albert_dist.finetune.task:build_finetune_task", config=config,
+                          task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=model_dir)
+    values = final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg)
+    log_final(uri, run_id, values, int(result.metrics.get("step", train.max_steps)))
+    tracking.log_artifacts(uri, run_id, model_dir, "model")
+    tracking.finish_run(uri, run_id)
+    return FinetuneOutcome(model_dir, uri, run_id, task_data.label_names, result.metrics, values)
+
+
+def run_finetune(cfg: FinetuneJobConfig) -> int:
+    outcome = finetune(cfg)
+    m = outcome.train_metrics
+    stopped = " (stopped early)" if m.get("stopped_early") else ""
+    print(f"done: step {m.get('step')}{stopped}; best model by dev {cfg.finetune.best_metric}:")
+    print("  " + " | ".join(f"{k} {v:.4f}" for k, v in outcome.metrics.items()))
+    print(f"model: {outcome.model_dir}")
+    print(f"MLflow run {outcome.run_id} at {outcome.tracking_uri}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    return 0

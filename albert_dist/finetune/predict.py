@@ -1,0 +1,110 @@
+"""`albert-dist predict`: labels and probabilities (or regression scores) for every row of a table.
+
+Small inputs run in this process; above `actor_threshold` rows the work goes to Ray Data `map_batches` with a
+pool of actors, each loading the model and tokenizer once. The output (CSV, JSONL or Parquet, by extension)
+holds the input columns plus `label` and one `prob_<label>` column per class (`score` for regression), and is
+written to a temporary file beside the target, then renamed, so it appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from albert_dist.errors import DataError
+from albert_dist.finetune import data, inference
+
+ACTOR_THRESHOLD = 20_000
+
+
+class Predictor:
+    """Model + tokenizer loaded once; maps a batch of rows (column → array) to its prediction columns."""
+
+    def __init__(self, model_dir: str | Path, text_column: str, text_pair_column: str | None, batch_size: int,
+                 max_seq_length: int = 512, precision: str = "fp32"):
+        from albert_dist.model import AlbertForSequenceClassification
+        from albert_dist.tokenizer import load_tokenizer
+
+        self.model = AlbertForSequenceClassification.from_pretrained(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.text_column, self.text_pair_column = text_column, text_pair_column
+        self.batch_size, self.precision = batch_size, precision
+        self.max_seq_length = min(max_seq_length, self.model.config.max_position_embeddings)
+
+    def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        texts = ["" if v is None else str(v) for v in rows[self.text_column]]
+        pairs = (["" if v is None else str(v) for v in rows[self.text_pair_column]]
+                 if self.text_pair_column else None)
+        arrays = data.encode_texts(self.tokenizer, texts, pairs, self.max_seq_length)
+        logits = inference.predict_logits(self.model, data.batches(data.EncodedSplit(arrays), self.batch_size, 8),
+                                          self.precision)
+        return {**rows, **self.columns(logits)}
+
+    def columns(self, logits: np.ndarray) -> dict[str, np.ndarray]:
+        config = self.model.config
+        if config.num_labels == 1 or config.problem_type == "regression":
+            return {"score": logits[:, 0]}
+        shifted = np.exp(logits - logits.max(-1, keepdims=True))
+        probabilities = shifted / shifted.sum(-1, keepdims=True)
+        names = [config.id2label[i] for i in range(config.num_labels)]
+        out = {"label": np.asarray(names, dtype=object)[probabilities.argmax(-1)]}
+        out.update({f"prob_{name}": probabilities[:, i] for i, name in enumerate(names)})
+        return out
+
+
+def run_predict(model_dir: str | Path, input_path: str | Path, output_path: str | Path, *, text_column: str = "text",
+                text_pair_column: str | None = None, batch_size: int = 64, precision: str = "fp32",
+                actor_threshold: int = ACTOR_THRESHOLD, num_actors: int = 2) -> int:
+    """Predict every row of `input_path` into `output_path`; returns the number of rows written."""
+    output_kind = data.file_format(output_path)
+    table = data.read_table(input_path)
+    data.require_columns(table, input_path, text_column=text_column, text_pair_column=text_pair_column)
+    args = (str(model_dir), text_column, text_pair_column, batch_size)
+    if table.num_rows < actor_threshold:
+        result = pa.table(Predictor(*args, precision=precision)(_numpy_columns(table)))
+    else:
+        result = _predict_with_ray(table, args, precision, num_actors, batch_size)
+    _write_atomically(result, Path(output_path), output_kind)
+    print(f"predicted {result.num_rows} rows of {input_path} with {model_dir} → {output_path}")
+    return result.num_rows
+
+
+def _numpy_columns(table: pa.Table) -> dict[str, np.ndarray]:
+    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+
+
+def _predict_with_ray(table: pa.Table, args: tuple, precision: str, num_actors: int, batch_size: int) -> pa.Table:
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # output rows in input order
+    dataset = ray.data.from_arrow(table).map_batches(
+        Predictor, fn_constructor_args=args, fn_constructor_kwargs={"precision": precision},
+        compute=ray.data.ActorPoolStrategy(size=num_actors), batch_size=max(batch_size, 256), batch_format="numpy")
+    return pa.concat_tables(ray.get(dataset.to_arrow_refs()))
+
+
+def _write_atomically(table: pa.Table, path: Path, kind: str) -> None:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        if kind == "parquet":
+            pq.write_table(table, tmp)
+        elif kind == "jsonl":
+            table.to_pandas().to_json(tmp, orient="records", lines=True, force_ascii=False)
+        elif kind in ("csv", "tsv"):
+            pacsv.write_csv(table, tmp, pacsv.WriteOptions(delimiter="\t" if kind == "tsv" else ","))
+        else:
+            raise DataError(f"{path}: cannot write {kind}")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,161 @@
+"""The fine-tuning `TrainingTask`: sequence classification or regression on top of a pretrained ALBERT.
+
+Evaluation statistics are additive so the loop can sum them over batches and ranks: a confusion matrix for
+classification, and for regression two tables indexed by dev row (prediction, target) from which Pearson and
+Spearman are computed once everything is summed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from albert_dist.finetune import data, lr_groups, metrics
+from albert_dist.model import AlbertForSequenceClassification
+from albert_dist.tokenizer import load_tokenizer
+from albert_dist.train.loop import TrainingTask
+
+
+class EarlyStopping:
+    """True once `metric` has not improved for `patience` consecutive evaluations (never when patience is None).
+
+    Its count lives in the task, so a resumed run starts counting afresh.
+    """
+
+    def __init__(self, metric: str, mode: str, patience: int | None):
+        self.metric, self.mode, self.patience = metric, mode, patience
+        self.best: float | None = None
+        self.evaluations_without_improvement = 0
+
+    def __call__(self, eval_metrics: dict[str, float]) -> bool:
+        value = eval_metrics.get(self.metric)
+        if self.patience is None or value is None or not math.isfinite(value):
+            return False
+        improved = self.best is None or (value > self.best if self.mode == "max" else value < self.best)
+        if improved:
+            self.best, self.evaluations_without_improvement = value, 0
+        else:
+            self.evaluations_without_improvement += 1
+        return self.evaluations_without_improvement >= self.patience
+
+
+class SequenceClassificationTask(TrainingTask):
+    """`config` is built by the driver (`finetune.job.task_config`); datasets "train" and "dev" come from Ray
+    Train (given whole to every worker)."""
+
+    def __init__(self, config: dict[str, Any], dataset: Callable[[str], Any] | None = None):
+        import ray.train
+
+        self.config = config
+        self.dataset = dataset or ray.train.get_dataset_shard
+        self.rank, self.world_size = 0, 1
+        if dataset is None:
+            context = ray.train.get_context()
+            self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self.task, self.num_labels = config["task"], config["num_labels"]
+        self.best_metric = f"eval_{config['metric']}"
+        self.best_mode = "min" if config["metric"] == "loss" else "max"
+        self.tokenizer = load_tokenizer(config["tokenizer_dir"])
+        self.stopper = EarlyStopping(self.best_metric, self.best_mode, config["patience"])
+        self._cache: dict[str, dict[str, np.ndarray]] = {}
+
+    # ------------------------------------------------------------------------------------------------ model
+    def build_model(self) -> torch.nn.Module:
+        return AlbertForSequenceClassification.from_pretrained(self.config["init_from"],
+                                                               **self.config["model_overrides"])
+
+    def parameter_groups(self, model, weight_decay):
+        return lr_groups.albert_parameter_groups(model, self.num_hidden_groups(model), weight_decay,
+                                                 self.config["layer_lr_decay"], self.config["lr_scales"])
+
+    def num_hidden_groups(self, model) -> int:
+        return model.config.num_hidden_groups
+
+    def save_model(self, model, directory: Path) -> None:
+        model.save_pretrained(directory)
+        self.tokenizer.save(directory)
+
+    # ------------------------------------------------------------------------------------------------- loss
+    def loss(self, model, batch):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"], labels=batch["label"])
+        return out.loss, self.statistics(out.logits, out.loss, batch)
+
+    def statistics(self, logits: torch.Tensor, loss: torch.Tensor, batch) -> dict[str, torch.Tensor]:
+        n = batch["label"].shape[0]
+        stats = {"loss_sum": loss.detach().float() * n, "count": torch.tensor(float(n))}
+        logits = logits.detach().float()
+        labels = batch["label"]
+        if self.task == "classification":
+            K = self.num_labels
+            flat = labels.long() * K + logits.argmax(-1)
+            stats["confusion"] = torch.bincount(flat, minlength=K * K).float()
+        elif "row" in batch:  # evaluation: rank statistics need every prediction
+            rows, size = batch["row"].long(), self.config["eval_rows"]
+            stats["prediction_table"] = torch.zeros(size, device=logits.device).index_put((rows,), logits[:, 0])
+            stats["target_table"] = torch.zeros(size, device=logits.device).index_put((rows,), labels.float())
+        return stats
+
+    def summarize(self, sums):
+        out = {"loss": sums.get("loss_sum", 0.0) / max(1.0, sums.get("count", 0.0))}
+        if "confusion" in sums:
+            K = self.num_labels
+            out.update(metrics.classification_metrics(np.asarray(sums["confusion"]).reshape(K, K)))
+        if "prediction_table" in sums:
+            out.update(metrics.regression_metrics(np.asarray(sums["prediction_table"]),
+                                                  np.asarray(sums["target_table"])))
+        return out
+
+    # ---------------------------------------------------------------------------------------------- batches
+    def _rows(self, split: str) -> dict[str, np.ndarray]:
+        """The whole split, read from Ray once per worker: fine-tuning sets fit in memory, and re-reading a Ray
+        dataset every epoch costs seconds of start-up."""
+        if split not in self._cache:
+            parts = list(self.dataset(split).iter_batches(batch_size=4096, batch_format="numpy"))
+            self._cache[split] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return self._cache[split]
+
+    def _batches(self, split: str, batch_size: int, order: np.ndarray | None = None, drop_last: bool = False):
+        rows = self._rows(split)
+        order = np.arange(len(rows["row"])) if order is None else order
+        for index in global_batches(len(order), batch_size, self.rank, self.world_size, drop_last):
+            yield data.collate({k: v[order[index]] for k, v in rows.items()}, self.config["pad_to_multiple_of"])
+
+    def train_batches(self, epoch):
+        """A new seeded permutation each epoch, the same on every rank; each rank takes its slice of every
+        global batch, so resuming at a micro-batch index sees exactly the rows not yet trained on."""
+        count = len(self._rows("train")["row"])
+        order = np.random.default_rng([self.config["seed"], epoch]).permutation(count)
+        return self._batches("train", self.config["batch_size"], order, drop_last=True)
+
+    def eval_batches(self):
+        return self._batches("dev", self.config["eval_batch_size"])
+
+    # ----------------------------------------------------------------------------------- evaluation points
+    def should_evaluate(self, step: int) -> bool:
+        """At each epoch end: the step that consumed the epoch's last micro-batch."""
+        per_epoch, accum = self.config["micro_batches_per_epoch"], self.config["grad_accum_steps"]
+        return (step * accum) // per_epoch > ((step - 1) * accum) // per_epoch
+
+    def should_stop(self, eval_metrics):
+        return self.stopper(eval_metrics)
+
+
+def global_batches(count: int, batch_size: int, rank: int, world_size: int, drop_last: bool):
+    """Index ranges of this rank's share of each global batch of `batch_size × world_size` rows; with
+    `drop_last=False` the last, partial global batch is split as evenly as it goes (a rank may get none)."""
+    size = batch_size * world_size
+    stop = count - count % size if drop_last else count
+    for start in range(0, stop, size):
+        share = -(-min(size, count - start) // world_size)
+        lo, hi = start + rank * share, min(start + (rank + 1) * share, count, start + size)
+        if lo < hi:
+            yield slice(lo, hi)
+
+
+def build_finetune_task(config: dict[str, Any]) -> SequenceClassificationTask:
+    return SequenceClassificationTask(config)

@@ -1,0 +1,207 @@
+"""Fine-tuning pieces without training: metrics, ALBERT-aware learning rates, schedule, data reading and errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from albert_dist.config import TrainSection, validate_config
+from albert_dist.errors import ConfigError, DataError
+from albert_dist.finetune import data, lr_groups, metrics
+from albert_dist.finetune.config import FinetuneJobConfig, FinetuneSection, TaskDataSection
+from albert_dist.finetune.distill import distillation_loss, teacher_layer
+from albert_dist.finetune.job import schedule, source_run_id
+from albert_dist.finetune.task import EarlyStopping, global_batches
+from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+from finetune_helpers import write_csv, write_jsonl
+
+# ----------------------------------------------------------------------------------------------------- metrics
+
+
+def test_binary_metrics_match_hand_computation():
+    # tp=3 fn=1 fp=2 tn=4
+    labels = np.array([1, 1, 1, 1, 0, 0, 0, 0, 0, 0])
+    preds = np.array([1, 1, 1, 0, 1, 1, 0, 0, 0, 0])
+    m = metrics.classification_metrics(metrics.confusion_matrix(preds, labels, 2))
+    assert m["accuracy"] == pytest.approx(0.7)
+    f1_pos, f1_neg = 2 * 3 / (2 * 3 + 2 + 1), 2 * 4 / (2 * 4 + 1 + 2)
+    assert m["f1"] == pytest.approx((f1_pos + f1_neg) / 2)
+    assert m["mcc"] == pytest.approx((3 * 4 - 2 * 1) / math.sqrt(5 * 4 * 6 * 5))
+
+
+def test_multiclass_mcc_and_degenerate_cases():
+    confusion = np.array([[2, 1, 0], [0, 3, 0], [1, 0, 1]])
+    m = metrics.classification_metrics(confusion)
+    s, c = 8, 6
+    t, p = np.array([3, 3, 2]), np.array([3, 4, 1])
+    expected = (c * s - (t * p).sum()) / math.sqrt((s ** 2 - (p ** 2).sum()) * (s ** 2 - (t ** 2).sum()))
+    assert m["mcc"] == pytest.approx(expected)
+    assert m["accuracy"] == pytest.approx(6 / 8)
+    constant = metrics.classification_metrics(metrics.confusion_matrix(np.zeros(4), np.array([0, 0, 1, 1]), 2))
+    assert constant["mcc"] == 0.0 and constant["f1"] == pytest.approx((2 * 2 / 6 + 0) / 2)
+
+
+def test_pearson_and_spearman_with_ties():
+    x, y = np.array([1.0, 2.0, 3.0, 4.0]), np.array([2.0, 4.0, 5.0, 9.0])
+    dx, dy = x - 2.5, y - 5.0
+    assert metrics.pearson(x, y) == pytest.approx((dx * dy).sum() / math.sqrt((dx ** 2).sum() * (dy ** 2).sum()))
+    assert metrics.spearman(x, y ** 3) == pytest.approx(1.0)
+    assert list(metrics.average_ranks(np.array([10, 20, 10, 30]))) == [1.5, 3.0, 1.5, 4.0]
+    # ranks (1.5, 1.5, 3, 4) vs (1, 2, 3, 4)
+    assert metrics.spearman(np.array([1, 1, 2, 3]), x) == pytest.approx(metrics.pearson([1.5, 1.5, 3, 4], [1, 2, 3, 4]))
+    assert metrics.pearson(np.ones(3), x[:3]) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- learning rates
+
+
+def tiny_classifier(groups: int = 2) -> AlbertForSequenceClassification:
+    return AlbertForSequenceClassification(AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16,
+                                                        num_hidden_layers=4, num_hidden_groups=groups,
+                                                        num_attention_heads=2, intermediate_size=16))
+
+
+def test_parameter_to_group_to_scale():
+    assert lr_groups.group_of("albert.embeddings.word_embeddings.weight") == "embeddings"
+    assert lr_groups.group_of("albert.encoder.embedding_hidden_mapping_in.bias") == "embeddings"
+    assert lr_groups.group_of("albert.encoder.albert_layer_groups.1.albert_layers.0.ffn.weight") == "group1"
+    assert lr_groups.group_of("student.albert.encoder.albert_layer_groups.0.albert_layers.0.ffn.bias") == "group0"
+    assert lr_groups.group_of("albert.pooler.weight") == "head"
+    assert lr_groups.group_of("classifier.weight") == "head"
+    assert lr_groups.lr_scales(2, 0.5) == {"head": 1.0, "group1": 0.5, "group0": 0.25, "embeddings": 0.125}
+    assert lr_groups.lr_scales(1, 0.8) == pytest.approx({"head": 1.0, "group0": 0.8, "embeddings": 0.64})
+
+
+def test_optimizer_groups_carry_scales_and_freeze():
+    model = tiny_classifier(groups=2)
+    groups = lr_groups.albert_parameter_groups(model, 2, 0.01, 0.5, {"embeddings": 0.0})
+    scale_of = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    for name, param in model.named_parameters():
+        expected = {"head": 1.0, "group1": 0.5, "group0": 0.25, "embeddings": 0.0}[lr_groups.group_of(name)]
+        if expected == 0.0:
+            assert not param.requires_grad and id(param) not in scale_of, name
+        else:
+            assert scale_of[id(param)] == expected, name
+    with pytest.raises(ConfigError, match="group5"):
+        lr_groups.lr_scales(2, 1.0, {"group5": 0.0})
+    with pytest.raises(ConfigError, match="unknown parameter group"):
+        validate_config(FinetuneSection, {"lr_scales": {"layer3": 0.0}})
+
+
+# ------------------------------------------------------------------------------------- schedule, batches, misc
+
+
+def test_schedule_from_epochs_and_warmup_ratio():
+    train, per_epoch = schedule(TrainSection(batch_size=8, grad_accum_steps=2), FinetuneSection(epochs=3,
+                                warmup_ratio=0.1), num_train=100, num_workers=2)
+    assert per_epoch == 6 and train.max_steps == 9 and train.warmup_steps == 1
+    with pytest.raises(ConfigError, match="global batch"):
+        schedule(TrainSection(batch_size=64), FinetuneSection(), num_train=100, num_workers=2)
+
+
+def test_global_batches_cover_rows_once_across_ranks():
+    for drop_last, count in ((False, 23), (True, 23)):
+        seen = [i for rank in range(2) for s in global_batches(count, 4, rank, 2, drop_last)
+                for i in range(s.start, s.stop)]
+        assert sorted(seen) == list(range(16 if drop_last else 23))
+
+
+def test_early_stopping_counts_evaluations_without_improvement():
+    stop = EarlyStopping("eval_accuracy", "max", patience=2)
+    assert [stop({"eval_accuracy": v}) for v in (0.5, 0.6, 0.6, 0.55)] == [False, False, False, True]
+    assert not EarlyStopping("eval_accuracy", "max", None)({"eval_accuracy": 0.1})
+
+
+def test_distillation_pieces():
+    assert [teacher_layer(i, 4, 12) for i in (1, 2, 3, 4)] == [3, 6, 9, 12]
+    assert teacher_layer(2, 2, 3) == 3
+    import torch
+
+    logits = torch.tensor([[2.0, -1.0], [0.5, 0.3]])
+    loss, kd, ce = distillation_loss(logits, logits, torch.tensor([0, 1]), 2.0, 0.5)
+    assert kd.item() == pytest.approx(0.0, abs=1e-6) and loss.item() == pytest.approx(0.5 * ce.item())
+
+
+def test_source_run_id_found_beside_the_model(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "mlflow_run_id").write_text("abc123\n")
+    assert source_run_id(tmp_path / "model") == "abc123"
+    assert source_run_id(tmp_path / "model" / "nothing") is None
+
+
+def test_metric_must_fit_task():
+    with pytest.raises(ConfigError, match="does not apply"):
+        validate_config(FinetuneSection, {"task": "regression", "metric": "f1"})
+    assert FinetuneSection(task="regression").best_metric == "pearson"
+    with pytest.raises(ConfigError, match="finetune.epoch: unknown key"):
+        validate_config(FinetuneJobConfig, {"finetune": {"epoch": 3}})
+
+
+# ------------------------------------------------------------------------------------------------ data + errors
+
+
+def rows(n=20):
+    return [{"text": f"text number {i}", "other": "x", "label": "yes" if i % 2 else "no"} for i in range(n)]
+
+
+def test_seeded_split_and_label_names(tmp_path):
+    path = write_csv(tmp_path / "train.csv", rows(50))
+    section = TaskDataSection(train=str(path), dev_fraction=0.2, test_fraction=0.1)
+    splits = data.load_splits(section)
+    assert [len(splits[k].texts) for k in ("train", "dev", "test")] == [35, 10, 5]
+    assert sorted(splits["train"].texts + splits["dev"].texts + splits["test"].texts) == sorted(r["text"] for r in rows(50))
+    assert data.load_splits(section)["dev"].texts == splits["dev"].texts  # seeded
+    assert data.label_names(splits["train"], None) == ["no", "yes"]
+    numeric = data.Split("x", ["a"] * 3, None, [10, 2, 1])
+    assert data.label_names(numeric, None) == ["1", "2", "10"]
+
+
+def test_reads_every_format(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows(6))
+    pq.write_table(table, tmp_path / "d.parquet")
+    write_jsonl(tmp_path / "d.jsonl", rows(6))
+    write_csv(tmp_path / "d.csv", rows(6))
+    (tmp_path / "d.tsv").write_text("text\tother\tlabel\n" + "".join(f'{r["text"]} "q\tx\t{r["label"]}\n'
+                                                                     for r in rows(6)))
+    for name in ("d.parquet", "d.jsonl", "d.csv", "d.tsv"):
+        split = data.read_split(str(tmp_path / name), TaskDataSection(), "label")
+        assert split.labels == [r["label"] for r in rows(6)], name
+        assert split.texts[1].startswith("text number 1"), name
+
+
+def test_bad_input_errors_name_file_and_column(tmp_path):
+    good = write_csv(tmp_path / "train.csv", rows())
+    no_label = write_csv(tmp_path / "nolabel.csv", [{"text": "a", "tag": "yes"}])
+    with pytest.raises(DataError, match=r"nolabel\.csv.*'label'"):
+        data.read_split(str(no_label), TaskDataSection(), "label")
+    with pytest.raises(DataError, match=r"train\.csv.*'sentence2'"):
+        data.read_split(str(good), TaskDataSection(text_pair_column="sentence2"), "label")
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(DataError, match=r"empty.*empty\.csv"):
+        data.read_table(tmp_path / "empty.csv")
+    (tmp_path / "header.csv").write_text("text,label\n")
+    with pytest.raises(DataError, match=r"no rows.*header\.csv"):
+        data.read_table(tmp_path / "header.csv")
+    with pytest.raises(DataError, match=r"not found.*missing\.csv"):
+        data.read_table(tmp_path / "missing.csv")
+    dev = data.read_split(str(write_csv(tmp_path / "dev.csv", [{"text": "a", "label": "maybe"}])),
+                          TaskDataSection(), "label")
+    with pytest.raises(DataError, match=r"dev\.csv.*unknown label 'maybe'.*'label'"):
+        data.label_ids(dev, "label", "classification", {"no": 0, "yes": 1})
+    with pytest.raises(DataError, match=r"dev\.csv.*'label'.*'maybe'.*not a number"):
+        data.label_ids(dev, "label", "regression", {})
+    with pytest.raises(ConfigError, match="data.train"):
+        data.load_splits(TaskDataSection())
+
+
+def test_collate_pads_to_multiple_of_eight():
+    arrays = {"input_ids": np.arange(40, dtype=np.int32).reshape(2, 20), "token_type_ids": np.zeros((2, 20), np.int8),
+              "length": np.array([5, 9], np.int32), "label": np.array([0, 1]), "row": np.array([0, 1])}
+    batch = data.collate(arrays, 8)
+    assert batch["input_ids"].shape == (2, 16)
+    assert batch["attention_mask"].sum(1).tolist() == [5, 9]
