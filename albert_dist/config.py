@@ -112,7 +112,9 @@ class ScalingSection(Section):
 
 
 class TrainSection(Section):
-    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 where the hardware has it natively (GPU, AMX CPU), else fp32 (fp16 on "
+                            "GPUs without bf16).")
     optimizer: Literal["lamb", "adamw"] = "lamb"
     learning_rate: float = Field(1.76e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)

@@ -6,6 +6,7 @@ training loop on Ray Train workers and publishes the final model in the transfor
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,17 +46,18 @@ class PretrainingTask(TrainingTask):
         import ray.train
 
         from albert_dist.config import MaskingSection
-        from albert_dist.data import MaskingCollator, load_manifest
+        from albert_dist.data.masking import MaskingCollator
 
         self.config = config
         self.dataset = dataset or ray.train.get_dataset_shard
-        self.manifest = load_manifest(config["prepared_dir"])
-        self.collator = MaskingCollator.from_manifest(self.manifest, MaskingSection.model_validate(config["masking"]))
+        self.collator = MaskingCollator.from_manifest(config["manifest"],
+                                                      MaskingSection.model_validate(config["masking"]))
         self.rank, self.world_size = config.get("rank", 0), config.get("world_size", 1)
         if dataset is None:
             context = ray.train.get_context()
             self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self._model: torch.nn.Module | None = None
+        self._tokenizer = None
 
     def build_model(self) -> torch.nn.Module:
         if self.config.get("init_from"):
@@ -89,21 +91,29 @@ class PretrainingTask(TrainingTask):
                 "sop_accuracy": sums.get("sop_correct", 0.0) / sop_n}
 
     def _batches(self, split: str, epoch: int, **kwargs) -> Iterator[dict[str, torch.Tensor]]:
+        from albert_dist.data.masking import batch_rng
+
         seed = self.config["seed"]
         for index, rows in enumerate(rank_batches(self.dataset(split), batch_size=self.config["batch_size"],
                                                   rank=self.rank, world_size=self.world_size, **kwargs)):
-            yield self.collator(rows, self.collator.rng(seed, epoch, self.rank, index, split=split))
+            yield self.collator(rows, batch_rng(seed, epoch, self.rank, index))
 
     def train_batches(self, epoch):
         return self._batches("train", epoch, seed=self.config["seed"] + epoch, shuffle_buffer=SHUFFLE_BUFFER)
 
     def eval_batches(self):
         # the same masks at every evaluation, so eval metrics are comparable over time
+        if not self.config["has_eval"]:
+            return []
         return self._batches("eval", 0, drop_last=False, limit=self.config["eval_batches"])
 
     def save_model(self, model, directory: Path) -> None:
+        from albert_dist.tokenizer import load_tokenizer
+
         model.save_pretrained(directory)
-        copy_tokenizer(Path(self.config["prepared_dir"]) / "tokenizer", directory)
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(Path(self.config["prepared_dir"]) / "tokenizer")
+        self._tokenizer.save(directory)
 
     def flops_per_token(self) -> float:
         return training_flops_per_token(self._model, self.config["max_seq_length"]) if self._model else 0.0
@@ -111,12 +121,6 @@ class PretrainingTask(TrainingTask):
 
 def build_pretraining_task(config: dict[str, Any]) -> PretrainingTask:
     return PretrainingTask(config)
-
-
-def copy_tokenizer(tokenizer_dir: Path, directory: Path) -> None:
-    for f in tokenizer_dir.iterdir():
-        if f.is_file():
-            shutil.copy2(f, directory / f.name)
 
 
 @dataclass
@@ -133,11 +137,12 @@ def prepared_dir(cfg: PretrainJobConfig) -> Path:
 
 
 def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
-    from albert_dist.data import load_manifest
+    from albert_dist.data.loading import load_prepared
     from albert_dist.train.ray_runner import run_training
 
     data_dir = prepared_dir(cfg)
-    manifest = load_manifest(data_dir)
+    prepared = load_prepared(data_dir)
+    manifest = prepared.manifest
     model_config = _model_config(cfg, manifest)
     run_dir = cfg.run.run_dir
     uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
@@ -147,17 +152,16 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     tracking.log_params(uri, run_id, {**flatten(cfg), "model.num_parameters": n_params,
                                       "world_size": cfg.scaling.num_workers, "data.prepared_dir": str(data_dir)})
     tracking.log_text(uri, run_id, dump_yaml(cfg), "config/pretrain.yaml")
-    tracking.log_text(uri, run_id, (data_dir / "manifest.json").read_text(), "data/manifest.json")
+    tracking.log_text(uri, run_id, json.dumps(manifest, indent=2, ensure_ascii=False), "data/manifest.json")
     print(f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
           f"worker(s), {cfg.train.precision}; MLflow run {run_id}")
     task_config = {
         "prepared_dir": str(data_dir), "model_config": model_config.to_dict(), "init_from": cfg.model.init_from,
         "masking": cfg.masking.model_dump(), "batch_size": cfg.train.batch_size, "seed": cfg.run.seed,
         "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
+        "manifest": manifest, "has_eval": prepared.eval is not None,
     }
-    import ray.data
-
-    datasets = {split: ray.data.read_parquet(str(data_dir / split)) for split in ("train", "eval")}
+    datasets = {"train": prepared.train, **({"eval": prepared.eval} if prepared.eval is not None else {})}
     best_dir = run_dir / "best_model"
     try:
         result = run_training(name=cfg.run.name, storage_path=run_dir / "ray", task_factory=
@@ -183,7 +187,7 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
 def _model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -> AlbertConfig:
     if cfg.model.init_from:
         return AlbertConfig.from_json_file(Path(cfg.model.init_from) / "config.json")
-    model_config = cfg.model.build(vocab_size=manifest["vocab_size"])
+    model_config = cfg.model.build(vocab_size=manifest["tokenizer"]["vocab_size"])
     if manifest["max_seq_length"] > model_config.max_position_embeddings:
         raise ConfigError(f"data max_seq_length ({manifest['max_seq_length']}) exceeds "
                           f"model.max_position_embeddings ({model_config.max_position_embeddings})")

@@ -90,7 +90,7 @@ class WorkerEnv:
     resume_dir: Path | None = None
     log_metrics: Callable[[dict[str, float], int], None] | None = None
     best_model_dir: Path | None = None
-    print_fn: Callable[[str], None] = print
+    print_fn: Callable[[str], None] = lambda line: print(line, flush=True)
 
     @property
     def is_main(self) -> bool:
@@ -108,8 +108,11 @@ class Position:
 
 class Trainer:
     def __init__(self, task: TrainingTask, settings: TrainSection, env: WorkerEnv, seed: int = 0):
+        resolved = precision.resolve_precision(settings.precision, env.device)
+        if settings.precision == "auto" and env.is_main:
+            env.print_fn(f"precision auto → {resolved} on {env.device.type}")
+        settings = settings.model_copy(update={"precision": resolved})
         self.task, self.settings, self.env = task, settings, env
-        precision.check_precision(settings.precision, env.device)
         torch.manual_seed(seed + env.rank)
         self.model = task.build_model().to(env.device)
         if settings.activation_checkpointing:
