@@ -239,7 +239,16 @@ def load_config(cls: type[ConfigT], path: str | Path | None = None, overrides: l
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
     apply_overrides(raw, overrides or [])
-    return validate_config(cls, raw, source)
+    return validate_config(cls, merge(cls().model_dump(), raw), source)
+
+
+def merge(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` laid over `defaults`, section by section, so a job's own section defaults survive an override
+    of one of their fields."""
+    out = dict(defaults)
+    for key, value in given.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def validate_config(cls: type[ConfigT], raw: dict[str, Any], source: str = "config") -> ConfigT:

@@ -28,18 +28,16 @@ class DemoJobConfig(Section):
 
 
 def run_demo(cfg: DemoJobConfig) -> int:
-    import ray
-
     from albert_dist.config import resolve_path
     from albert_dist.data.prepare import run_prepare
     from albert_dist.demo_corpus import write_stdlib_corpus
     from albert_dist.pretrain import run_pretrain
+    from albert_dist.ray_init import ensure_ray
 
     root = resolve_path(cfg.run.output_dir)
     corpus = write_stdlib_corpus(root / "corpus" / "stdlib_docstrings.txt", cfg.corpus_chars)
     print(f"[1/2] corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB of standard-library docstrings)")
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, configure_logging=False)
+    ensure_ray()
     run = cfg.run.model_copy(update={"output_dir": str(root)})
     data = cfg.data.model_copy(update={"inputs": [str(corpus)]})
     run_prepare(DataJobConfig(run=run, data=data, tokenizer=cfg.tokenizer, masking=cfg.masking))

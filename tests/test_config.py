@@ -70,3 +70,11 @@ def test_relative_paths_do_not_depend_on_the_job_working_dir(tmp_path, monkeypat
     assert resolve_path("/abs/x") == resolve_path("/abs/x").resolve()
     assert resolve_path("s3://bucket/x") == "s3://bucket/x"
     assert resolve_path("data", base="/base") == resolve_path("/base/data")
+
+
+def test_override_keeps_the_job_s_own_section_defaults():
+    from albert_dist.demo import DemoJobConfig
+
+    cfg = load_config(DemoJobConfig, None, ["run.output_dir=/tmp/x", "train.max_steps=500"])
+    assert cfg.run.name == "demo" and cfg.run.output_dir == "/tmp/x"
+    assert cfg.train.max_steps == 500 and cfg.train.batch_size == DemoJobConfig().train.batch_size

@@ -345,20 +345,26 @@ def _accumulate(sums: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -
 
 
 def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict[str, float | list[float]]:
-    """Sum statistics over ranks with one all-reduce; a plain conversion when not distributed.
+    """Sum statistics over ranks; every rank must call it, also one that saw no batch (its keys count as 0).
 
     Scalars come back as floats; vector statistics (a confusion matrix, a table of predictions indexed by row)
     come back as lists, summed element-wise.
     """
-    if not sums:
+    distributed = dist.is_available() and dist.is_initialized()
+    shapes = {k: tuple(v.shape) for k, v in sums.items()}
+    if distributed:
+        for other in gather_objects(shapes, dist.get_world_size()):
+            shapes.update(other)
+    keys = sorted(shapes)
+    if not keys:
         return {}
-    keys = sorted(sums)
-    sizes = [sums[k].numel() for k in keys]
-    packed = torch.cat([sums[k].to(device).float().reshape(-1) for k in keys])
-    if dist.is_available() and dist.is_initialized():
+    parts = [sums[k].to(device).float().reshape(-1) if k in sums else torch.zeros(math.prod(shapes[k]), device=device)
+             for k in keys]
+    packed = torch.cat(parts)
+    if distributed:
         dist.all_reduce(packed)
-    parts = packed.split(sizes)
-    return {k: (part.item() if sums[k].dim() == 0 else part.tolist()) for k, part in zip(keys, parts)}
+    summed = packed.split([part.numel() for part in parts])
+    return {k: (part.tolist() if shapes[k] else part.item()) for k, part in zip(keys, summed)}
 
 
 def gather_objects(obj: Any, world_size: int) -> list[Any]:

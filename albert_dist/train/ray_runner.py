@@ -78,9 +78,6 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
 
 
 def _train_worker(config: dict[str, Any]) -> None:
-    from ray.data import DataContext
-
-    DataContext.get_current().enable_progress_bars = False  # one bar per worker and epoch drowns the log
     module, _, function = config["task_factory"].partition(":")
     task = getattr(importlib.import_module(module), function)(config["task_config"])
     context = ray.train.get_context()

@@ -1,0 +1,146 @@
+"""Pretraining end to end: Ray Data → Ray Train (2 DDP workers) → MLflow, and resume after the job is killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+
+pytestmark = pytest.mark.slow
+
+TINY_MODEL = ["model.embedding_size=32", "model.hidden_size=64", "model.num_hidden_layers=2",
+              "model.num_attention_heads=2", "model.intermediate_size=128"]
+
+
+def ordered_corpus(path: Path, words: list[str], documents: int = 700, seed: int = 0) -> Path:
+    """Documents whose sentence order is learnable: the first sentence starts with "start", the others with
+    "then" — a swapped pair (SOP label 1) begins with "then"."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(documents):
+        lines += [f"start {' '.join(rng.choices(words, k=5))}.",
+                  f"then {' '.join(rng.choices(words, k=5))}.",
+                  f"then {' '.join(rng.choices(words, k=4))}.", ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, stdlib_corpus, ray_session):
+    from albert_dist.data.prepare import prepare_dataset
+
+    words = sorted({w for w in re.findall(r"[a-z]{3,9}", stdlib_corpus.read_text()[:50_000])})[:300]
+    root = tmp_path_factory.mktemp("pretrain")
+    corpus = ordered_corpus(root / "ordered.txt", words)
+    cfg = load_config(DataJobConfig, None, [
+        f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=sentences", "data.output=prepared",
+        "data.max_seq_length=32", "data.short_seq_prob=0", "data.eval_fraction=0.1", "tokenizer.vocab_size=400"])
+    prepare_dataset(cfg)
+    return root
+
+
+def pretrain_overrides(root: Path, name: str, steps: int = 60) -> list[str]:
+    return [f"run.output_dir={root}", f"run.name={name}", "data.output=prepared", *TINY_MODEL,
+            "scaling.num_workers=2", "scaling.cpus_per_worker=0.5", "train.precision=fp32",
+            "train.optimizer=adamw", "train.learning_rate=3e-3", f"train.max_steps={steps}",
+            "train.warmup_steps=5", "train.batch_size=16", "train.log_every=10", "train.eval_every=30",
+            "train.checkpoint_every=30", "train.eval_batches=4", "train.max_failures=0"]
+
+
+def test_pretraining_learns_and_is_tracked(prepared, ray_session):
+    from mlflow.tracking import MlflowClient
+    from transformers import AlbertForPreTraining as HFAlbertForPreTraining
+
+    from albert_dist.model import AlbertForPreTraining
+    from albert_dist.pretrain import pretrain
+
+    cfg = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "learns", steps=90))
+    outcome = pretrain(cfg)
+
+    m = outcome.metrics
+    assert m["step"] == 90 and m["replicas_identical"] == 1.0
+    assert m["eval_sop_accuracy"] > 0.8, m
+
+    client = MlflowClient(outcome.tracking_uri)
+    run = client.get_run(outcome.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.hidden_size"] == "64" and run.data.params["world_size"] == "2"
+    losses = [x.value for x in sorted(client.get_metric_history(outcome.run_id, "loss"), key=lambda x: x.step)]
+    assert len(losses) == 9 and losses[-1] < losses[0] - 1.0
+    sop = client.get_metric_history(outcome.run_id, "eval_sop_accuracy")
+    assert sorted(x.step for x in sop) == [30, 60, 90]
+    artifacts = {a.path for a in client.list_artifacts(outcome.run_id, "model")}
+    assert {"model/config.json", "model/model.safetensors", "model/spiece.model"} <= artifacts
+
+    ours = AlbertForPreTraining.from_pretrained(outcome.model_dir)
+    theirs = HFAlbertForPreTraining.from_pretrained(outcome.model_dir)
+    ids = torch.tensor([[2, 10, 11, 12, 3, 13, 14, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids).sop_logits, theirs(input_ids=ids).sop_logits,
+                                   atol=1e-5, rtol=1e-4)
+    assert (outcome.best_model_dir / "model.safetensors").is_file()
+
+
+def _launch(root: Path, name: str, steps: int) -> subprocess.Popen:
+    """`albert-dist pretrain` as its own driver process, attached to the test session's Ray cluster."""
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
+    args = [sys.executable, "-m", "albert_dist.cli", "pretrain"]
+    for item in pretrain_overrides(root, name, steps) + ["train.checkpoint_every=10", "train.eval_every=40"]:
+        args += ["--set", item]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any((p / "manifest.json").exists() for p in run_dir.glob("ray/*/checkpoint_*")):
+            return
+        assert process.poll() is None, process.stdout.read()
+        time.sleep(1)
+    pytest.fail("no checkpoint appeared")
+
+
+def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, ray_session):
+    steps = 40
+    full = _launch(prepared, "uninterrupted", steps)
+    out, _ = full.communicate(timeout=600)
+    assert full.returncode == 0, out
+
+    victim = _launch(prepared, "killed", steps)
+    _wait_for_checkpoint(prepared / "killed", victim)
+    os.killpg(victim.pid, signal.SIGKILL)  # the driver: Ray then ends its trainer and workers
+    victim.wait()
+    assert not (prepared / "killed" / "model").exists()
+
+    again = _launch(prepared, "killed", steps)
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out
+    assert re.search(r"resumed from .* at step (10|20|30)", out), out
+
+    a = load_file(prepared / "uninterrupted" / "model" / "model.safetensors")
+    b = load_file(prepared / "killed" / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
+    runs = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id,
+                              filter_string="attributes.run_name = 'killed'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps_logged = [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")]
+    assert max(steps_logged) == steps
