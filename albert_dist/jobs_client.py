@@ -1,0 +1,162 @@
+"""`albert-dist submit` and `albert-dist jobs`: run the job entry points (`jobs/`) on a Ray cluster.
+
+The job runs in a copy of this checkout (the runtime env's `working_dir`) that Ray deletes afterwards, so the
+submission sets `ALBERT_DIST_HOME` to an absolute output root on the cluster and forwards the MLflow tracking
+variables. Secrets travel only where they are needed: the Ray token goes into the request header (never into the
+job's runtime env), and nothing here prints a token or a password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from albert_dist.errors import AlbertDistError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JOB_KINDS = ("prepare_data", "pretrain", "finetune", "distill", "tune")
+# Never uploaded: environments, outputs, VCS data and local cluster state (gitignored files are skipped too).
+WORKING_DIR_EXCLUDES = [".venv", "runs", "outputs", ".git", "cluster/local/.state", "**/__pycache__",
+                        "*.egg-info", ".pytest_cache", ".hypothesis"]
+DEFAULT_OUTPUT_ROOT = "/mnt/shared/albert-dist"
+# Exit status of `submit --follow` and `jobs status` for each final job status.
+EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 2}
+TERMINAL = set(EXIT_CODES)
+
+
+def auth_headers(env: os._Environ | dict[str, str] = os.environ) -> dict[str, str]:
+    """The dashboard's bearer header from $RAY_AUTH_TOKEN or the file $RAY_AUTH_TOKEN_PATH, if either is set.
+
+    Built here rather than left to Ray because Ray reads the auth mode once per process: a process that has
+    already started a local Ray without auth would otherwise send no token.
+    """
+    token = env.get("RAY_AUTH_TOKEN", "").strip()
+    if not token and env.get("RAY_AUTH_TOKEN_PATH"):
+        path = Path(env["RAY_AUTH_TOKEN_PATH"]).expanduser()
+        try:
+            token = path.read_text().strip()
+        except OSError as err:
+            raise AlbertDistError(f"cannot read the Ray auth token file $RAY_AUTH_TOKEN_PATH ({path}): "
+                                  f"{err.strerror}") from None
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def client(address: str | None):
+    """A `JobSubmissionClient` for `address` (default $RAY_ADDRESS), authenticated when a token is configured."""
+    from ray.job_submission import JobSubmissionClient
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise AlbertDistError("no cluster address: pass --address http://127.0.0.1:8265 or set RAY_ADDRESS")
+    try:
+        return JobSubmissionClient(address, headers=auth_headers())
+    except (ConnectionError, RuntimeError) as err:
+        raise AlbertDistError(f"cannot reach the Ray dashboard at {address}: {err}") from None
+
+
+def entrypoint(kind: str, config: str | None, overrides: list[str]) -> str:
+    import shlex
+
+    args = ["python", "-m", f"jobs.{kind}"]
+    if config:
+        args += ["--config", _relative_to_repo(config)]
+    for item in overrides:
+        args += ["--set", item]
+    return shlex.join(args)
+
+
+def _relative_to_repo(config: str) -> str:
+    """The config's path inside the uploaded checkout; a config from elsewhere would not exist on the cluster."""
+    path = Path(config).resolve()
+    if not path.is_file():
+        raise AlbertDistError(f"config file not found: {config}")
+    try:
+        return path.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        raise AlbertDistError(f"{config} is outside the checkout {REPO_ROOT}, which is what the job receives: "
+                              "put the config under jobs/configs/ or pass fields with --set") from None
+
+
+def runtime_env(output_root: str, env: os._Environ | dict[str, str] = os.environ) -> dict[str, Any]:
+    """The checkout as working_dir, the output root and the MLflow tracking variables; no Ray token, no cloud keys."""
+    forwarded = {k: v for k, v in env.items() if k.startswith("MLFLOW_TRACKING_")}
+    forwarded |= {"ALBERT_DIST_HOME": output_root, "PYTHONUNBUFFERED": "1"}
+    if "MLFLOW_EXPERIMENT_NAME" in env:
+        forwarded["MLFLOW_EXPERIMENT_NAME"] = env["MLFLOW_EXPERIMENT_NAME"]
+    return {"working_dir": str(REPO_ROOT), "excludes": WORKING_DIR_EXCLUDES, "env_vars": forwarded}
+
+
+def submit(kind: str, config: str | None, overrides: list[str], address: str | None, name: str | None = None,
+           output_root: str | None = None, follow: bool = False) -> int:
+    root = output_root or os.environ.get("ALBERT_DIST_HOME") or DEFAULT_OUTPUT_ROOT
+    if not os.path.isabs(root) and "://" not in root:
+        raise AlbertDistError(f"the output root must be absolute (a path every node sees), got {root!r}")
+    jobs = client(address)
+    command = entrypoint(kind, config, overrides)
+    submission_id = jobs.submit_job(entrypoint=command, runtime_env=runtime_env(root), submission_id=name,
+                                    metadata={"albert_dist.job": kind})
+    print(f"submitted {submission_id}: {command}", flush=True)
+    print(f"outputs under {root} on the cluster", flush=True)
+    if not follow:
+        return 0
+    return follow_logs(jobs, submission_id)
+
+
+def follow_logs(jobs, submission_id: str) -> int:
+    """Stream the job's logs until it ends; the exit code reflects its final status."""
+
+    async def tail() -> None:
+        async for chunk in jobs.tail_job_logs(submission_id):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        print(f"\nstopped following; the job keeps running (albert-dist jobs stop {submission_id})",
+              file=sys.stderr)
+        return 130
+    status = wait_until_done(jobs, submission_id)
+    print(f"job {submission_id} {status}", flush=True)
+    return exit_code(status)
+
+
+def wait_until_done(jobs, submission_id: str, poll_s: float = 1.0) -> str:
+    import time
+
+    while (status := str(jobs.get_job_status(submission_id).value)) not in TERMINAL:
+        time.sleep(poll_s)
+    return status
+
+
+def exit_code(status: str) -> int:
+    return EXIT_CODES.get(status, 3)
+
+
+def list_jobs(address: str | None) -> int:
+    for job in sorted(client(address).list_jobs(), key=lambda j: j.start_time or 0):
+        print(f"{job.submission_id or job.job_id}\t{job.status.value}\t{job.entrypoint}")
+    return 0
+
+
+def status(address: str | None, submission_id: str) -> int:
+    info = client(address).get_job_info(submission_id)
+    print(f"{submission_id}\t{info.status.value}" + (f"\t{info.message}" if info.message else ""))
+    return exit_code(str(info.status.value)) if info.status.value in TERMINAL else 0
+
+
+def stop(address: str | None, submission_id: str) -> int:
+    stopped = client(address).stop_job(submission_id)
+    print(f"{submission_id}: {'stop requested' if stopped else 'already finished'}")
+    return 0
+
+
+def logs(address: str | None, submission_id: str, follow: bool = False) -> int:
+    jobs = client(address)
+    if follow:
+        return follow_logs(jobs, submission_id)
+    sys.stdout.write(jobs.get_job_logs(submission_id))
+    return 0

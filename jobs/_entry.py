@@ -1,0 +1,54 @@
+"""What every job entry point shares: the CLI's `--config/--set` flags, config validation, a stable output root.
+
+A Ray job runs in a temporary copy of the working directory that is deleted with the job, so inside a job a
+relative `run.output_dir` needs `$ALBERT_DIST_HOME` (set by `albert-dist submit` or the cluster manifests);
+without it the job stops before doing any work instead of writing where nobody will find the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from albert_dist.cli import _add_config_flags
+from albert_dist.config import is_uri, load_config
+from albert_dist.errors import AlbertDistError, ConfigError
+
+# Set by Ray's job supervisor in the environment of a submitted job's entrypoint.
+_RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def main(description: str, kind: str, config_class: str, runner: str, argv: list[str] | None = None) -> int:
+    """Parse `--config/--set`, validate into `config_class` and call `runner` ("module:attr" import paths)."""
+    parser = argparse.ArgumentParser(prog=f"python -m jobs.{kind}", description=description)
+    _add_config_flags(parser)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(_import(config_class), args.config, args.overrides)
+        check_output_root(cfg)
+        return _import(runner)(cfg) or 0
+    except AlbertDistError as err:
+        print(f"jobs.{kind}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def check_output_root(cfg) -> None:
+    """Refuse a relative output directory inside a Ray job unless $ALBERT_DIST_HOME anchors it."""
+    output_dir = cfg.run.output_dir
+    relative = not (is_uri(output_dir) or os.path.isabs(os.path.expanduser(output_dir)))
+    if relative and os.environ.get(_RAY_JOB_MARKER) and not os.environ.get("ALBERT_DIST_HOME"):
+        raise ConfigError(f"run.output_dir={output_dir!r} is relative and $ALBERT_DIST_HOME is not set: inside a "
+                          "Ray job it would land in the job's temporary working directory; set ALBERT_DIST_HOME "
+                          "(albert-dist submit does) or an absolute run.output_dir")
+
+
+def _import(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def run(description: str, kind: str, config_class: str, runner: str) -> None:
+    """The `__main__` body of an entry module."""
+    sys.exit(main(description, kind, config_class, runner))

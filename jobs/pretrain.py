@@ -1,0 +1,6 @@
+"""Ray job: pretrain ALBERT (MLM + SOP) on Ray Train."""
+
+from jobs._entry import run
+
+if __name__ == "__main__":
+    run(__doc__, "pretrain", "albert_dist.config:PretrainJobConfig", "albert_dist.pretrain:run_pretrain")
