@@ -1,0 +1,141 @@
+"""Training-step throughput of our AlbertForPreTraining against transformers', same ALBERT-base config and inputs.
+
+One step = forward (MLM + SOP losses) + backward + AdamW step. Throughput counts non-padding tokens. The two
+models run interleaved in one process (alternating which goes first each round) and medians are reported, so
+background load hits both alike. MFU = model FLOPs/s over the machine's measured GEMM peak in the same dtype.
+
+    python benchmarks/bench_model.py                      # 8x128 and 2x512, fp32 and bf16 autocast
+    python benchmarks/bench_model.py --steps 1 --rounds 1 --shapes 2x64 --dtypes fp32   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from albert_dist.model import AlbertConfig, AlbertForPreTraining
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+MASK_ID = 4
+
+
+def make_batch(config: AlbertConfig, B: int, T: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random ids, rows 70-100% full, two segments, 15% of real tokens as MLM targets, random SOP labels."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(int(0.7 * T), T + 1, (B,), generator=g)
+    lengths[0] = T
+    real = torch.arange(T) < lengths[:, None]
+    ids = torch.randint(5, config.vocab_size, (B, T), generator=g).masked_fill(~real, config.pad_token_id)
+    types = (torch.arange(T) >= lengths[:, None] // 2) & real
+    targets = (torch.rand(B, T, generator=g) < 0.15) & real
+    targets[:, 0] = False
+    return dict(input_ids=ids.masked_fill(targets, MASK_ID), attention_mask=real.long(), token_type_ids=types.long(),
+                labels=torch.where(targets, ids, -100), sentence_order_label=torch.randint(0, 2, (B,), generator=g))
+
+
+def gemm_peak(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> tuple[float, str]:
+    """Best FLOP/s of an n x n x n product in `dtype`, and the op that reached it.
+
+    torch.matmul and F.linear are both probed (at n=256) because they can take different kernels: on CPUs without
+    native bf16, bf16 torch.matmul falls back to a slow generic kernel while F.linear (what the models' dense
+    layers run) goes through oneDNN. The faster one is then timed at full size.
+    """
+    def rate(op, size: int) -> float:
+        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        op(a, b)
+        best = 0.0
+        for _ in range(reps):
+            start = time.perf_counter()
+            op(a, b)
+            best = max(best, 2 * size**3 / (time.perf_counter() - start))
+        return best
+
+    op = max((torch.matmul, F.linear), key=lambda op: rate(op, 256))
+    return rate(op, n), "torch.matmul" if op is torch.matmul else "F.linear"
+
+
+def flops_per_token(config: AlbertConfig, T: int) -> float:
+    """6 * N_eff + 12 * blocks * H * T, N_eff counting the shared blocks once per use (dense layers only:
+    encoder blocks, E->H mapping, pooler, MLM dense + the full E x V decoder)."""
+    H, I, E, V = config.hidden_size, config.intermediate_size, config.embedding_size, config.vocab_size
+    blocks = config.num_hidden_layers * config.inner_group_num
+    n_eff = blocks * (4 * H * H + 2 * H * I) + E * H + H * H + H * E + E * V + 2 * H
+    return 6 * n_eff + 12 * blocks * H * T
+
+
+def train_step(model, optimizer, batch, dtype: torch.dtype) -> None:
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def measure(models: dict, batch, dtype, steps: int, rounds: int) -> dict[str, float]:
+    """Median non-padding tokens/s of each model over `rounds` rounds of `steps` steps, interleaved."""
+    tokens = int(batch["attention_mask"].sum()) * steps
+    for model, optimizer in models.values():  # warm-up: allocator, AdamW state, autocast caches
+        train_step(model, optimizer, batch, dtype)
+    rates = {name: [] for name in models}
+    for r in range(rounds):
+        for name in (list(models) if r % 2 == 0 else list(reversed(models))):
+            model, optimizer = models[name]
+            start = time.perf_counter()
+            for _ in range(steps):
+                train_step(model, optimizer, batch, dtype)
+            rates[name].append(tokens / (time.perf_counter() - start))
+    return {name: statistics.median(r) for name, r in rates.items()}
+
+
+def build_models(config: AlbertConfig) -> dict:
+    torch.manual_seed(0)
+    ours = AlbertForPreTraining(config).train()
+    hf_config = transformers.AlbertConfig(**config.to_dict(), attn_implementation="sdpa")  # its fastest on CPU
+    theirs = transformers.AlbertForPreTraining(hf_config).train()
+    theirs.load_state_dict(ours.state_dict(), strict=False)  # same weights; its decoder is tied as ours
+    return {name: (m, torch.optim.AdamW(m.parameters(), lr=1e-4)) for name, m in (("ours", ours), ("hf", theirs))}
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return names[0] if names else platform.processor()
+    except OSError:
+        return platform.processor()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shapes", default="8x128,2x512", help="comma-separated BxT")
+    parser.add_argument("--dtypes", default="fp32,bf16", help=f"comma-separated, of {', '.join(DTYPES)}")
+    args = parser.parse_args()
+
+    config = AlbertConfig.from_preset("base")
+    print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads; torch {torch.__version__}, "
+          f"transformers {transformers.__version__}; ALBERT-base, AdamW, {args.rounds} rounds x {args.steps} steps")
+    for dtype_name in args.dtypes.split(","):
+        dtype = DTYPES[dtype_name]
+        peak, op = gemm_peak(dtype)
+        print(f"\n[{dtype_name}] measured GEMM peak {peak / 1e9:.1f} GFLOP/s ({op}, 2048^3)")
+        for shape in args.shapes.split(","):
+            B, T = (int(v) for v in shape.lower().split("x"))
+            models = build_models(config)
+            rates = measure(models, make_batch(config, B, T), dtype, args.steps, args.rounds)
+            mfu = {name: rate * flops_per_token(config, T) / peak for name, rate in rates.items()}
+            print(f"[{dtype_name}] {B}x{T}: ours {rates['ours']:.0f} tok/s (MFU {mfu['ours']:.1%}), "
+                  f"transformers {rates['hf']:.0f} tok/s (MFU {mfu['hf']:.1%}), "
+                  f"ratio {rates['ours'] / rates['hf']:.2f}x", flush=True)
+            del models
+
+
+if __name__ == "__main__":
+    main()
