@@ -45,7 +45,7 @@ def prepared(tmp_path_factory, stdlib_corpus, ray_session):
     corpus = ordered_corpus(root / "ordered.txt", words)
     cfg = load_config(DataJobConfig, None, [
         f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=sentences", "data.output=prepared",
-        "data.max_seq_length=32", "data.short_seq_prob=0", "data.eval_fraction=0.1", "tokenizer.vocab_size=400"])
+        "data.max_seq_length=32", "data.short_seq_prob=0", "data.eval_fraction=0.1", "tokenizer.vocab_size=250"])
     prepare_dataset(cfg)
     return root
 

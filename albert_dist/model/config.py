@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from albert_dist.errors import ConfigError
@@ -99,7 +99,7 @@ class AlbertConfig:
     def from_preset(cls, name: str, **overrides: Any) -> "AlbertConfig":
         if name not in PRESETS:
             raise ConfigError(f"unknown ALBERT preset {name!r}; choose one of {', '.join(PRESETS)}")
-        return cls(embedding_size=128, **{**PRESETS[name], **overrides})
+        return cls(**{"embedding_size": 128, **PRESETS[name], **overrides})
 
     @property
     def head_size(self) -> int:
