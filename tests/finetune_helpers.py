@@ -33,13 +33,14 @@ def single_rows(n: int, seed: int) -> list[dict]:
 
 
 def pair_rows(n: int, seed: int) -> list[dict]:
-    """label 1 iff both texts hold the same keyword (LCQMC/MRPC-like)."""
+    """label 1 iff the *second* text holds a POSITIVE keyword; the first holds a random keyword as a distractor,
+    so only a model that reads segment B learns it."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        a = rng.choice(KEYWORDS)
-        b = a if i % 2 == 0 else rng.choice([k for k in KEYWORDS if k != a])
-        rows.append({"sentence1": sentence(rng, [a], 6), "sentence2": sentence(rng, [b], 6), "label": int(a == b)})
+        b = rng.choice(POSITIVE if i % 2 == 0 else KEYWORDS[2:])
+        rows.append({"sentence1": sentence(rng, [rng.choice(KEYWORDS)], 6), "sentence2": sentence(rng, [b], 6),
+                     "label": int(b in POSITIVE)})
     rng.shuffle(rows)
     return rows
 

@@ -19,10 +19,22 @@ from albert_dist.config import (
 LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")
 
 
-def _finetune_train() -> TrainSection:
-    """google's GLUE recipe: AdamW, lr in 1e-5..5e-5; max_steps and warmup_steps are derived from the epochs."""
-    return TrainSection(optimizer="adamw", learning_rate=3e-5, weight_decay=0.01, batch_size=32, eval_every=100,
-                        checkpoint_every=500, log_every=20)
+class FinetuneTrainSection(TrainSection):
+    """TrainSection with google's GLUE recipe as defaults (AdamW, lr in 1e-5..5e-5), so that a partial `train:`
+    section in YAML keeps them; max_steps and warmup_steps are derived from finetune.epochs/warmup_ratio."""
+
+    optimizer: Literal["lamb", "adamw"] = "adamw"
+    learning_rate: float = Field(3e-5, gt=0)
+    batch_size: int = Field(32, gt=0, description="Per worker, per micro-batch.")
+    log_every: int = Field(20, gt=0)
+    eval_every: int = Field(100, gt=0)
+    checkpoint_every: int = Field(500, gt=0)
+
+
+class DistillTrainSection(FinetuneTrainSection):
+    """A student trained mostly on soft targets takes a larger learning rate than fine-tuning."""
+
+    learning_rate: float = Field(1e-4, gt=0)
 
 
 class TaskDataSection(Section):
@@ -93,7 +105,7 @@ class FinetuneJobConfig(Section):
     data: TaskDataSection = Field(default_factory=TaskDataSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
-    train: TrainSection = Field(default_factory=_finetune_train)
+    train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
 
 
@@ -132,5 +144,5 @@ class DistillJobConfig(Section):
     data: TaskDataSection = Field(default_factory=TaskDataSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
-    train: TrainSection = Field(default_factory=lambda: _finetune_train().model_copy(update={"learning_rate": 1e-4}))
+    train: DistillTrainSection = Field(default_factory=DistillTrainSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)

@@ -196,7 +196,7 @@ class DistillOutcome:
     metrics: dict[str, float]  # see `compare`, plus test_* of the student when there is a test split
 
 
-def distill(cfg: DistillJobConfig) -> DistillOutcome:
+def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutcome:
     teacher_dir = cfg.distill.teacher
     if not teacher_dir:
         raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
@@ -230,7 +230,8 @@ def distill(cfg: DistillJobConfig) -> DistillOutcome:
                              hidden_weight=d.hidden_weight)
     best_dir = run_dir / "best_checkpoint"
     result = job.train_on_ray(cfg, task_factory="albert_dist.finetune.distill:build_distill_task", config=config,
-                              task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=best_dir)
+                              task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=best_dir,
+                              callbacks=callbacks)
     model_dir = run_dir / "model"
     replace_dir_atomically(model_dir, lambda d: shutil.copytree(
         best_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))

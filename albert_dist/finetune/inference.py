@@ -19,9 +19,11 @@ from albert_dist.train import precision as amp
 @torch.no_grad()
 def predict_logits(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
                    precision: str = "fp32") -> np.ndarray:
-    """[N, num_labels] float32 logits, in batch order; the model is put in eval mode."""
+    """[N, num_labels] float32 logits, in batch order; the model is put in eval mode. `precision` as
+    train.precision ("auto" resolves as in training)."""
     model.eval()
     device = next(model.parameters()).device
+    precision = amp.resolve_precision(precision, device)
     outputs = []
     for batch in batches:
         with amp.autocast(precision, device):
@@ -44,6 +46,7 @@ def throughput(model: torch.nn.Module, batch: dict[str, torch.Tensor], precision
     """Sequences per second of forward passes over `batch` (the median of `repeats` timed passes)."""
     model.eval()
     device = next(model.parameters()).device
+    precision = amp.resolve_precision(precision, device)
     inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids")}
     times = []
     for i in range(warmup + repeats):

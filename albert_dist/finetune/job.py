@@ -104,15 +104,17 @@ def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: Fin
 
 
 def train_on_ray(cfg, *, task_factory: str, config: dict[str, Any], task_data: TaskData, train: TrainSection,
-                 uri: str, run_id: str, best_model_dir: Path):
-    """Run the task on Ray Train; the run is marked FAILED in MLflow when training raises."""
+                 uri: str, run_id: str, best_model_dir: Path, callbacks: list | None = None):
+    """Run the task on Ray Train; the run is marked FAILED in MLflow when training raises. `callbacks` are Ray
+    Train callbacks (a sweep's trial passes Tune's report callback)."""
     from albert_dist.train.ray_runner import run_training
 
     datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
     try:
         return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task_factory=task_factory,
                             task_config=config, train=train, scaling=cfg.scaling, seed=cfg.run.seed,
-                            datasets=datasets, tracking=(uri, run_id), best_model_dir=best_model_dir)
+                            datasets=datasets, tracking=(uri, run_id), best_model_dir=best_model_dir,
+                            callbacks=callbacks)
     except BaseException:
         tracking.finish_run(uri, run_id, "FAILED")
         raise
@@ -145,7 +147,7 @@ class FinetuneOutcome:
     metrics: dict[str, float]  # dev_* and test_* of the published (best) model
 
 
-def finetune(cfg: FinetuneJobConfig) -> FinetuneOutcome:
+def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneOutcome:
     init_from = cfg.model.init_from
     if not init_from:
         raise ConfigError("model.init_from is not set: give the pretrained model directory")
@@ -173,7 +175,8 @@ def finetune(cfg: FinetuneJobConfig) -> FinetuneOutcome:
                          model_overrides=overrides)
     model_dir = run_dir / "model"
     result = train_on_ray(cfg, task_factory="albert_dist.finetune.task:build_finetune_task", config=config,
-                          task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=model_dir)
+                          task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=model_dir,
+                          callbacks=callbacks)
     values = final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg)
     log_final(uri, run_id, values, int(result.metrics.get("step", train.max_steps)))
     tracking.log_artifacts(uri, run_id, model_dir, "model")

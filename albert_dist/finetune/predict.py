@@ -25,7 +25,7 @@ class Predictor:
     """Model + tokenizer loaded once; maps a batch of rows (column → array) to its prediction columns."""
 
     def __init__(self, model_dir: str | Path, text_column: str, text_pair_column: str | None, batch_size: int,
-                 max_seq_length: int = 512, precision: str = "fp32"):
+                 max_seq_length: int = 512, precision: str = "auto"):
         from albert_dist.model import AlbertForSequenceClassification
         from albert_dist.tokenizer import load_tokenizer
 
@@ -57,7 +57,7 @@ class Predictor:
 
 
 def run_predict(model_dir: str | Path, input_path: str | Path, output_path: str | Path, *, text_column: str = "text",
-                text_pair_column: str | None = None, batch_size: int = 64, precision: str = "fp32",
+                text_pair_column: str | None = None, batch_size: int = 64, precision: str = "auto",
                 actor_threshold: int = ACTOR_THRESHOLD, num_actors: int = 2) -> int:
     """Predict every row of `input_path` into `output_path`; returns the number of rows written."""
     output_kind = data.file_format(output_path)

@@ -122,8 +122,9 @@ class SequenceClassificationTask(TrainingTask):
     def _batches(self, split: str, batch_size: int, order: np.ndarray | None = None, drop_last: bool = False):
         rows = self._rows(split)
         order = np.arange(len(rows["row"])) if order is None else order
+        columns = [k for k in rows if split == "dev" or k != "row"]  # dev row ids key the evaluation tables
         for index in global_batches(len(order), batch_size, self.rank, self.world_size, drop_last):
-            yield data.collate({k: v[order[index]] for k, v in rows.items()}, self.config["pad_to_multiple_of"])
+            yield data.collate({k: rows[k][order[index]] for k in columns}, self.config["pad_to_multiple_of"])
 
     def train_batches(self, epoch):
         """A new seeded permutation each epoch, the same on every rank; each rank takes its slice of every
