@@ -80,9 +80,14 @@ def code_version() -> str:
         return version("albert-dist")
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether a parameter or environment variable name looks like it holds a secret (token, password, key)."""
+    return bool(_SECRET_NAME.search(name))
+
+
 def redact(params: dict[str, Any]) -> dict[str, Any]:
     """Drop values whose key names a secret (tokens, passwords, keys)."""
-    return {k: ("***" if _SECRET_NAME.search(k) else v) for k, v in params.items()}
+    return {k: ("***" if is_secret_name(k) else v) for k, v in params.items()}
 
 
 def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
@@ -101,16 +106,34 @@ def finish_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None
 
 
 class MetricsLogger:
-    """Rank 0's metric logger: logs batches, buffers them while the tracking server is unreachable."""
+    """Rank 0's metric logger: logs batches, buffers them while the tracking server is unreachable.
 
-    def __init__(self, tracking_uri: str, run_id: str, max_buffer: int = 100_000):
+    After a restart from a checkpoint, the steps between that checkpoint and the crash are trained again; their
+    metrics were logged already (throughput, at least, differs the second time), so steps up to the last one
+    already in the run (`resume_after`) are not logged again.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str, max_buffer: int = 100_000, progress_metric: str = "loss"):
         self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
         self.pending: list[Any] = []
         self._warned = False
+        # MLflow's default retries back off for minutes: a down server must cost a training step seconds at most
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        self.resume_after = self._last_logged_step(progress_metric)
+
+    def _last_logged_step(self, metric: str) -> int:
+        try:
+            history = _client(self.tracking_uri).get_metric_history(self.run_id, metric)
+        except Exception:  # noqa: BLE001 - unreachable now: nothing to skip, duplicates are the lesser evil
+            return -1
+        return max((m.step for m in history), default=-1)
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
+        if step <= self.resume_after:
+            return
         now = int(time.time() * 1000)
         self.pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items()
                             if isinstance(v, (int, float)))

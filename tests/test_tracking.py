@@ -1,0 +1,101 @@
+"""MLflow tracking against a real `mlflow server`: run reuse, secret redaction, metrics buffered while it is down."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from albert_dist import tracking
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(store: Path, port: int) -> subprocess.Popen:
+    mlflow = Path(sys.executable).with_name("mlflow")
+    process = subprocess.Popen(
+        [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination",
+         str(store / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process
+        except OSError:
+            assert process.poll() is None, "mlflow server exited"
+            time.sleep(0.5)
+    process.kill()
+    pytest.fail("mlflow server did not start")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    import os
+    import signal
+
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    process = start_server(tmp_path, port)
+    handle = {"process": process, "port": port, "uri": f"http://127.0.0.1:{port}", "store": tmp_path}
+    yield handle
+    if handle["process"].poll() is None:
+        stop_server(handle["process"])
+
+
+@pytest.mark.slow
+def test_metrics_survive_a_tracking_outage(server, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    run_id = tracking.start_or_resume_run(server["uri"], "outage", tmp_path / "run", "outage")
+    logger = tracking.MetricsLogger(server["uri"], run_id)
+    logger({"loss": 3.0}, 1)
+
+    stop_server(server["process"])
+    logger({"loss": 2.0}, 2)
+    logger({"loss": 1.5}, 3)
+    assert len(logger.pending) == 2
+    assert "MLflow unreachable" in capsys.readouterr().out
+
+    server["process"] = start_server(server["store"], server["port"])
+    logger({"loss": 1.0}, 4)
+    assert logger.pending == []
+    history = tracking._client(server["uri"]).get_metric_history(run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 3.0), (2, 2.0), (3, 1.5), (4, 1.0)]
+    assert "flushed" in capsys.readouterr().out
+
+    # a restarted worker continues the run without logging the replayed steps again
+    restarted = tracking.MetricsLogger(server["uri"], run_id)
+    restarted({"loss": 9.9}, 3)
+    restarted({"loss": 0.5}, 5)
+    steps = sorted(m.step for m in tracking._client(server["uri"]).get_metric_history(run_id, "loss"))
+    assert steps == [1, 2, 3, 4, 5]
+
+
+def test_run_is_reused_from_the_run_directory_and_secrets_are_redacted(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
+    tracking.finish_run(uri, first)
+    again = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
+    assert again == first
+    client = tracking._client(uri)
+    assert client.get_run(first).info.status == "RUNNING"
+    assert client.get_run(first).data.tags["albert_dist.code_version"]
+
+    tracking.log_params(uri, first, {"train.lr": 0.1, "auth.api_key": "abc123", "env.RAY_AUTH_TOKEN": "t0k"})
+    params = client.get_run(first).data.params
+    assert params == {"train.lr": "0.1", "auth.api_key": "***", "env.RAY_AUTH_TOKEN": "***"}
+    tracking.log_params(uri, first, {"train.lr": 0.1, "train.steps": 5})  # resume: only new keys are added
+    assert client.get_run(first).data.params["train.steps"] == "5"
