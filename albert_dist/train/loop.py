@@ -171,6 +171,8 @@ class Trainer:
                 stop = self.task.should_stop(metrics)
                 if stop:
                     metrics["stopped_early"] = 1.0
+            if last or stop:
+                metrics["replicas_identical"] = float(self.replicas_identical())
             if evaluate or checkpoint:
                 self._report(metrics, checkpoint or stop)
             if stop:
@@ -178,6 +180,11 @@ class Trainer:
                     self.env.print_fn(f"early stop at step {pos.step}: {self.task.best_metric} did not improve")
                 return {**metrics, "status": "stopped_early", "step": pos.step}
         return {**metrics, "status": "completed", "step": pos.step}
+
+    def replicas_identical(self) -> bool:
+        """Whether every rank holds bit-identical weights (DDP's promise), by comparing per-tensor checksums."""
+        sums = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).cpu()
+        return all(torch.equal(sums, other) for other in gather_objects(sums, self.env.world_size))
 
     def _micro_batches(self) -> Iterator[Batch]:
         """Micro-batches across epochs, starting at the saved position (already-trained batches are skipped)."""
