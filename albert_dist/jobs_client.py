@@ -3,7 +3,7 @@
 The job runs in a copy of this checkout (the runtime env's `working_dir`) that Ray deletes afterwards, so the
 submission sets `ALBERT_DIST_HOME` to an absolute output root on the cluster and forwards the MLflow tracking
 variables. Secrets travel only where they are needed: the Ray token goes into the request header (never into the
-job's runtime env), and nothing here prints a token or a password.
+job's runtime env), MLflow passwords stay on the cluster's nodes, and nothing here prints a token or a password.
 """
 
 from __future__ import annotations
@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.errors import AlbertDistError
+from albert_dist.tracking import is_secret_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-JOB_KINDS = ("prepare_data", "pretrain", "finetune", "distill", "tune")
+# `albert-dist submit <job>` -> the module (and arguments) of its entry point under jobs/
+JOB_MODULES = {"prepare_data": ["jobs.prepare_data"], "pretrain": ["jobs.pretrain"], "finetune": ["jobs.finetune"],
+               "distill": ["jobs.distill"], "tune-finetune": ["jobs.tune", "finetune"],
+               "tune-distill": ["jobs.tune", "distill"]}
 # Never uploaded: environments, outputs, VCS data and local cluster state (gitignored files are skipped too).
 WORKING_DIR_EXCLUDES = [".venv", "runs", "outputs", ".git", "cluster/local/.state", "**/__pycache__",
                         "*.egg-info", ".pytest_cache", ".hypothesis"]
@@ -60,7 +64,7 @@ def client(address: str | None):
 def entrypoint(kind: str, config: str | None, overrides: list[str]) -> str:
     import shlex
 
-    args = ["python", "-m", f"jobs.{kind}"]
+    args = ["python", "-m", *JOB_MODULES[kind]]
     if config:
         args += ["--config", _relative_to_repo(config)]
     for item in overrides:
@@ -81,12 +85,19 @@ def _relative_to_repo(config: str) -> str:
 
 
 def runtime_env(output_root: str, env: os._Environ | dict[str, str] = os.environ) -> dict[str, Any]:
-    """The checkout as working_dir, the output root and the MLflow tracking variables; no Ray token, no cloud keys."""
-    forwarded = {k: v for k, v in env.items() if k.startswith("MLFLOW_TRACKING_")}
+    """The checkout as working_dir, the output root and the MLflow tracking variables that are not secrets.
+
+    Ray writes runtime envs, env_vars included, to its logs, so MLFLOW_TRACKING_PASSWORD/TOKEN, the Ray token and
+    cloud keys are never sent with a job: the cluster's nodes have them in their own environment.
+    """
+    forwarded = {k: v for k, v in env.items() if k.startswith("MLFLOW_TRACKING_") and not is_secret_name(k)}
     forwarded |= {"ALBERT_DIST_HOME": output_root, "PYTHONUNBUFFERED": "1"}
-    if "MLFLOW_EXPERIMENT_NAME" in env:
-        forwarded["MLFLOW_EXPERIMENT_NAME"] = env["MLFLOW_EXPERIMENT_NAME"]
     return {"working_dir": str(REPO_ROOT), "excludes": WORKING_DIR_EXCLUDES, "env_vars": forwarded}
+
+
+def withheld_secrets(env: os._Environ | dict[str, str] = os.environ) -> list[str]:
+    """Names of the MLflow credentials set here that the job will not receive (see `runtime_env`)."""
+    return sorted(k for k in env if k.startswith("MLFLOW_TRACKING_") and is_secret_name(k))
 
 
 def submit(kind: str, config: str | None, overrides: list[str], address: str | None, name: str | None = None,
@@ -100,6 +111,9 @@ def submit(kind: str, config: str | None, overrides: list[str], address: str | N
                                     metadata={"albert_dist.job": kind})
     print(f"submitted {submission_id}: {command}", flush=True)
     print(f"outputs under {root} on the cluster", flush=True)
+    if withheld := withheld_secrets():
+        print(f"not sent with the job (Ray logs job environments): {', '.join(withheld)}; the cluster's nodes "
+              "must have them in their environment", flush=True)
     if not follow:
         return 0
     return follow_logs(jobs, submission_id)

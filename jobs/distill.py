@@ -3,4 +3,5 @@
 from jobs._entry import run
 
 if __name__ == "__main__":
-    run(__doc__, "distill", "albert_dist.finetune.config:DistillJobConfig", "albert_dist.finetune:run_distill")
+    run(__doc__, "distill", "albert_dist.finetune.config:DistillJobConfig",
+        "albert_dist.finetune.distill:run_distill")

@@ -83,6 +83,12 @@ echo $! > "$state/mlflow.pid"
 # nodes): `ray start --node-ip-address 127.0.0.1` is rewritten to the machine's address. So with --workers 0 (the
 # default) everything listens on 127.0.0.1; with worker nodes those servers listen on all interfaces, protected by
 # the token (docs/cluster.md lists them) - keep such a machine behind a firewall.
+# Jobs and their Train workers find the tracking server and its credentials in the nodes' environment: Ray logs
+# a job's runtime env, so `albert-dist submit` never sends passwords with it.
+export MLFLOW_TRACKING_URI="http://127.0.0.1:$mlflow_port"
+if [[ $mlflow_auth == 1 ]]; then
+  export MLFLOW_TRACKING_USERNAME=admin MLFLOW_TRACKING_PASSWORD="$(cat "$state/mlflow_admin_password")"
+fi
 node_args=(--num-cpus "$cpus" --object-store-memory "$store_bytes" --temp-dir "$ray_tmp" --disable-usage-stats)
 head_ip=127.0.0.1
 if [[ $workers == 0 ]]; then export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0; else head_ip=""; fi

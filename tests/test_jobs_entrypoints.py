@@ -1,0 +1,150 @@
+"""The job entry points (`python -m jobs.<kind>`), their YAML configs and what `albert-dist submit` sends."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from albert_dist import jobs_client
+from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.errors import AlbertDistError, ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "jobs" / "configs"
+# config file stem -> (module holding the config class, class name); the module may not exist yet
+CONFIG_CLASSES = {
+    "prepare_data": ("albert_dist.config", "DataJobConfig"),
+    "pretrain_tiny": ("albert_dist.config", "PretrainJobConfig"),
+    "pretrain_base": ("albert_dist.config", "PretrainJobConfig"),
+    "pretrain_large": ("albert_dist.config", "PretrainJobConfig"),
+    "finetune": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "distill": ("albert_dist.finetune.config", "DistillJobConfig"),
+    "tune_finetune": ("albert_dist.tune.config", "FinetuneTuneConfig"),
+    "tune_distill": ("albert_dist.tune.config", "DistillTuneConfig"),
+}
+
+
+def config_class(stem: str):
+    module, name = CONFIG_CLASSES[stem]
+    return getattr(pytest.importorskip(module), name)
+
+
+def test_every_config_file_has_a_class():
+    assert {p.stem for p in CONFIGS.glob("*.yaml")} <= set(CONFIG_CLASSES)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_config_validates(path, monkeypatch):
+    monkeypatch.chdir(REPO)  # sweeps name their job's YAML relative to the checkout, as jobs run there
+    cfg = load_config(config_class(path.stem), path)
+    output_dir = cfg.run.output_dir if hasattr(cfg, "run") else cfg.output_dir
+    assert not Path(output_dir).is_absolute()  # lands under $ALBERT_DIST_HOME on a cluster
+
+
+def test_pretraining_presets_build_their_models():
+    sizes = {stem: load_config(PretrainJobConfig, CONFIGS / f"{stem}.yaml").model.build(vocab_size=30000)
+             for stem in ("pretrain_tiny", "pretrain_base", "pretrain_large")}
+    assert [sizes[s].hidden_size for s in ("pretrain_tiny", "pretrain_base", "pretrain_large")] == [312, 768, 1024]
+    prepare = load_config(DataJobConfig, CONFIGS / "prepare_data.yaml")
+    for stem in sizes:  # pretraining reads what prepare_data writes
+        cfg = load_config(PretrainJobConfig, CONFIGS / f"{stem}.yaml")
+        assert (cfg.run.output_dir, cfg.data.output) == (prepare.run.output_dir, prepare.data.output)
+
+
+@pytest.mark.parametrize("job", jobs_client.JOB_MODULES)
+def test_entry_point_help(job):
+    out = subprocess.run([sys.executable, "-m", *jobs_client.JOB_MODULES[job], "--help"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--config" in out.stdout and "--set" in out.stdout
+
+
+def test_entry_point_reports_config_errors_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "jobs.pretrain", "--config", "jobs/configs/pretrain_tiny.yaml",
+                          "--set", "train.max_steps=-1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "train.max_steps" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_relative_outputs_inside_a_ray_job_need_an_output_root(monkeypatch):
+    from jobs._entry import check_output_root
+
+    cfg = PretrainJobConfig()
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.delenv("ALBERT_DIST_HOME", raising=False)
+    with pytest.raises(ConfigError, match="ALBERT_DIST_HOME"):
+        check_output_root(cfg)
+    check_output_root(cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_dir": "/mnt/x"})}))
+    monkeypatch.setenv("ALBERT_DIST_HOME", "/mnt/shared/albert-dist")
+    check_output_root(cfg)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    monkeypatch.delenv("ALBERT_DIST_HOME")
+    check_output_root(cfg)  # outside a job the current directory is fine
+
+
+def test_runtime_env_sends_the_checkout_and_no_secret():
+    env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "MLFLOW_TRACKING_USERNAME": "admin",
+           "MLFLOW_TRACKING_PASSWORD": "pw-123", "MLFLOW_TRACKING_TOKEN": "tok-456", "RAY_AUTH_TOKEN": "ray-789",
+           "AWS_SECRET_ACCESS_KEY": "aws-000", "HOME": "/root"}
+    runtime = jobs_client.runtime_env("/mnt/shared/out", env)
+    assert runtime["working_dir"] == str(REPO)
+    assert {".venv", "runs", ".git"} <= set(runtime["excludes"])
+    assert runtime["env_vars"] == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+                                   "MLFLOW_TRACKING_USERNAME": "admin", "ALBERT_DIST_HOME": "/mnt/shared/out",
+                                   "PYTHONUNBUFFERED": "1"}
+    assert jobs_client.withheld_secrets(env) == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"]
+
+
+def test_auth_header_from_token_or_token_file(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("file-token\n")
+    assert jobs_client.auth_headers({"RAY_AUTH_TOKEN_PATH": str(token_file)}) == {
+        "Authorization": "Bearer file-token"}
+    assert jobs_client.auth_headers({"RAY_AUTH_TOKEN": "env-token", "RAY_AUTH_TOKEN_PATH": str(token_file)}) == {
+        "Authorization": "Bearer env-token"}
+    assert jobs_client.auth_headers({}) == {}
+    with pytest.raises(AlbertDistError, match="RAY_AUTH_TOKEN_PATH"):
+        jobs_client.auth_headers({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")})
+
+
+def test_entrypoint_names_the_config_inside_the_checkout(tmp_path):
+    command = jobs_client.entrypoint("pretrain", str(CONFIGS / "pretrain_tiny.yaml"), ["train.max_steps=5",
+                                                                                      "run.name=a b"])
+    assert command == ("python -m jobs.pretrain --config jobs/configs/pretrain_tiny.yaml "
+                       "--set train.max_steps=5 --set 'run.name=a b'")
+    outside = tmp_path / "mine.yaml"
+    outside.write_text("run: {name: x}\n")
+    with pytest.raises(AlbertDistError, match="outside the checkout"):
+        jobs_client.entrypoint("pretrain", str(outside), [])
+
+
+def test_tune_entry_point_names_its_sweeps():
+    out = subprocess.run([sys.executable, "-m", "jobs.tune", "--config", "x.yaml"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "{finetune,distill}" in out.stderr
+    assert jobs_client.entrypoint("tune-distill", None, []) == "python -m jobs.tune distill"
+
+
+def test_exit_codes_follow_the_final_status():
+    assert [jobs_client.exit_code(s) for s in ("SUCCEEDED", "FAILED", "STOPPED")] == [0, 1, 2]
+
+
+def test_submit_needs_an_absolute_output_root():
+    with pytest.raises(AlbertDistError, match="absolute"):
+        jobs_client.submit("pretrain", None, [], "http://127.0.0.1:1", output_root="runs")
+
+
+def test_cli_registers_submit_and_jobs():
+    from albert_dist.cli import build_parser
+
+    args = build_parser().parse_args(["submit", "pretrain", "--config", "c.yaml", "--set", "a.b=1", "--follow",
+                                      "--address", "http://127.0.0.1:8265", "--name", "n1"])
+    assert (args.job, args.config, args.overrides, args.follow, args.name) == ("pretrain", "c.yaml", ["a.b=1"],
+                                                                              True, "n1")
+    for action in (["list"], ["status", "x"], ["stop", "x"], ["logs", "x", "--follow"]):
+        assert build_parser().parse_args(["jobs", *action]).handler
+    assert importlib.import_module("jobs._entry").main
