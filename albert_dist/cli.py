@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.set_defaults(handler=_config_command("albert_dist.config:DataJobConfig",
                                                  "albert_dist.data.prepare:run_prepare"))
 
+    sweeps = commands.add_parser("tune", help="hyperparameter sweeps with Ray Tune, tracked in MLflow").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    for kind, config_class in (("finetune", "FinetuneTuneConfig"), ("distill", "DistillTuneConfig")):
+        sweep = sweeps.add_parser(kind, help=f"sweep {kind} hyperparameters (resumes an interrupted sweep)")
+        _add_config_flags(sweep)
+        sweep.set_defaults(handler=_config_command(f"albert_dist.tune.config:{config_class}",
+                                                   f"albert_dist.tune:run_tune_{kind}"))
+
     for name, config_class, runner, help_text in _JOB_COMMANDS:
         job = commands.add_parser(name, help=help_text)
         _add_config_flags(job)

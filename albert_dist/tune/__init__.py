@@ -1,0 +1,10 @@
+"""Ray Tune sweeps of fine-tuning and distillation hyperparameters, tracked in MLflow.
+
+config: sweep configs · space: search-space distributions, validation, sampled values → job configs · trainable:
+one trial = one run of the job's driver on Ray Train · mlflow_runs: parent/child runs · report: the trials table,
+CSV and plot · sweep: runs (or resumes) a sweep and publishes its best trial.
+"""
+
+from albert_dist.tune.sweep import run_tune_distill, run_tune_finetune
+
+__all__ = ["run_tune_finetune", "run_tune_distill"]

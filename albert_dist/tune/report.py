@@ -1,0 +1,98 @@
+"""The trials of a finished sweep: one row each (params, best metric, status, why it stopped), printed as a
+table, written as CSV and plotted (the metric against each hyperparameter)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+OUTCOME_FILE = "trial_outcome.json"  # written by a trial whose driver ran to the end
+STOP_REASONS = {"completed": "completed", "early-stopped": "early-stopped by the scheduler", "error": "error"}
+
+
+def trials_dir(sweep_dir: Path) -> Path:
+    return sweep_dir / "trials"
+
+
+def stop_reason(run_dir: Path, errored: bool) -> str:
+    if errored:
+        return "error"
+    return "completed" if (run_dir / OUTCOME_FILE).is_file() else "early-stopped"
+
+
+def best_value(values, mode: str) -> float | None:
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not finite:
+        return None
+    return max(finite) if mode == "max" else min(finite)
+
+
+def rows(results, params: list[str], metric: str, mode: str, sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per trial of a Tune `ResultGrid`, best first: its best reported `metric` over its evaluations."""
+    out = []
+    for result in results:
+        trial_id = result.metrics["trial_id"]
+        frame = result.metrics_dataframe
+        reported = frame[metric].tolist() if frame is not None and metric in frame else []
+        errored = result.error is not None
+        out.append({"trial_id": trial_id, **{p: result.config.get(p) for p in params},
+                    metric: best_value(reported, mode), "evaluations": len(reported),
+                    "status": "ERROR" if errored else "TERMINATED",
+                    "stop_reason": stop_reason(trials_dir(sweep_dir) / trial_id, errored)})
+    sign = -1 if mode == "max" else 1
+    return sorted(out, key=lambda r: (r[metric] is None, sign * (r[metric] or 0.0), r["trial_id"]))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no trials)"
+    columns = list(rows[0])
+    cells = [columns] + [[STOP_REASONS[r[c]] if c == "stop_reason" else _cell(r[c]) for c in columns]
+                         for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(text.ljust(w) for text, w in zip(line, widths)).rstrip() for line in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def plot(rows: list[dict[str, Any]], space: dict, metric: str, path: Path) -> Path:
+    """One panel per hyperparameter: the metric of each trial against its value (log axis for loguniform),
+    coloured by how the trial ended."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"completed": "tab:green", "early-stopped": "tab:orange", "error": "tab:red"}
+    fig, axes = plt.subplots(1, len(space), figsize=(4 * len(space), 3.2), squeeze=False)
+    for ax, (name, dist) in zip(axes[0], space.items()):
+        for reason, colour in colours.items():
+            points = [(str(r[name]) if dist.kind == "choice" else r[name], r[metric]) for r in rows
+                      if r["stop_reason"] == reason and r[metric] is not None]
+            if points:
+                ax.scatter(*zip(*points), c=colour, label=STOP_REASONS[reason], s=24)
+        if dist.kind == "loguniform":
+            ax.set_xscale("log")
+        ax.set_xlabel(name)
+        ax.set_ylabel(metric)
+    axes[0][0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

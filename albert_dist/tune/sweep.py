@@ -1,0 +1,118 @@
+"""Runs a sweep, or resumes the one found in `<output_dir>/<name>`, then publishes its result there:
+`trials.csv`, `trials.png`, `best_<kind>.yaml` (the best trial's job config, ready to run) and `best_model/`.
+
+A resumed sweep (`Tuner.restore(..., resume_errored=True)`) keeps its finished trials, restarts the interrupted
+and errored ones (each resuming its Ray Train run from its last checkpoint) and runs the samples still missing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from albert_dist.config import dump_yaml
+from albert_dist.errors import AlbertDistError
+from albert_dist.finetune.distill import PROJECTION_FILE
+from albert_dist.train.loop import replace_dir_atomically
+from albert_dist.tune import mlflow_runs, report, space
+from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig, TuneJobConfig
+from albert_dist.tune.trainable import TrialSetup, run_trial
+
+
+@dataclass
+class SweepOutcome:
+    rows: list[dict[str, Any]]  # best first
+    best: dict[str, Any]
+    best_config: Path
+    best_model: Path
+    tracking_uri: str
+    parent_run_id: str
+
+
+def _tuner(cfg: TuneJobConfig, trainable, uri: str):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+    from ray.tune.search.optuna import OptunaSearch
+
+    sweep_dir = cfg.sweep_dir
+    if tune.Tuner.can_restore(str(sweep_dir)):
+        print(f"resuming the sweep in {sweep_dir}")
+        return tune.Tuner.restore(str(sweep_dir), trainable, resume_errored=True)
+    s = cfg.scheduler
+    scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=s.grace_period,
+                              reduction_factor=s.reduction_factor, max_t=s.max_t) if s.kind == "asha" else None
+    search = OptunaSearch(seed=cfg.seed) if cfg.search_alg == "optuna" else BasicVariantGenerator(
+        random_state=cfg.seed)
+    return tune.Tuner(
+        trainable,
+        param_space={name: dist.to_tune() for name, dist in cfg.space.items()},
+        tune_config=tune.TuneConfig(metric=cfg.tune_metric, mode=cfg.tune_mode, search_alg=search,
+                                    scheduler=scheduler, num_samples=cfg.num_samples,
+                                    max_concurrent_trials=cfg.max_concurrent_trials),
+        run_config=tune.RunConfig(name=cfg.name, storage_path=str(sweep_dir.parent),
+                                  callbacks=[mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir),
+                                                                     cfg.tune_metric, cfg.tune_mode)]))
+
+
+def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
+    from ray import tune
+
+    from albert_dist.ray_init import ensure_ray
+
+    ensure_ray()
+    uri, parent_id = mlflow_runs.parent_run(cfg)
+    setup = TrialSetup(job=cfg.job, driver=cfg.driver, sweep_dir=cfg.sweep_dir, tracking_uri=uri,
+                       parent_run_id=parent_id, metric=cfg.tune_metric,
+                       scaling=cfg.resources_per_trial.scaling_overrides())
+    # The trial function only waits on its TorchTrainer, whose workers hold the trial's CPUs/GPUs (Tune refuses
+    # a trial of no resources at all, hence a token share of one CPU).
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": 0.01})
+    results = _tuner(cfg, trainable, uri).fit()
+    return publish(cfg, results, uri, parent_id)
+
+
+def publish(cfg: TuneJobConfig, results, uri: str, parent_id: str) -> SweepOutcome:
+    """Rows, files and MLflow records of a finished sweep."""
+    metric, mode, sweep_dir, names = cfg.tune_metric, cfg.tune_mode, cfg.sweep_dir, list(cfg.search_space)
+    rows = report.rows(results, names, metric, mode, sweep_dir)
+    for row in rows:  # idempotent; catches trials whose sweep driver died before Tune's callback ran
+        mlflow_runs.close_child(uri, report.trials_dir(sweep_dir) / row["trial_id"], row["stop_reason"], metric,
+                                row[metric])
+    best = rows[0] if rows and rows[0][metric] is not None else None
+    if best is None:
+        raise AlbertDistError(f"no trial of the sweep {cfg.name} reported {metric}; see {sweep_dir}")
+    best_job = space.with_values(cfg.job, {k: best[k] for k in names}, run={"name": f"{cfg.name}-best"})
+    best_config = sweep_dir / f"best_{cfg.kind}.yaml"  # under its own run name: running it leaves the trial be
+    best_config.write_text(f"# best trial {best['trial_id']} of sweep {cfg.name}: {metric} {best[metric]:.4g}\n"
+                           + dump_yaml(best_job))
+    best_model = sweep_dir / "best_model"
+    trial_dir = report.trials_dir(sweep_dir) / best["trial_id"]
+    source = trial_dir / "model" if (trial_dir / "model").is_dir() else trial_dir / "best_checkpoint"
+    replace_dir_atomically(best_model, lambda d: shutil.copytree(
+        source, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
+    files = [report.write_csv(rows, sweep_dir / "trials.csv"),
+             report.plot(rows, cfg.space, metric, sweep_dir / "trials.png"), best_config]
+    mlflow_runs.publish_best(uri, parent_id, metric, best, names, files)
+    return SweepOutcome(rows, best, best_config, best_model, uri, parent_id)
+
+
+def _run(cfg: TuneJobConfig) -> int:
+    outcome = run_sweep(cfg)
+    print(report.table(outcome.rows))
+    best = outcome.best
+    print(f"best trial {best['trial_id']}: {cfg.tune_metric} {best[cfg.tune_metric]:.4f}")
+    print(f"best config: {outcome.best_config}  (albert-dist {cfg.kind} --config {outcome.best_config})")
+    print(f"best model: {outcome.best_model}")
+    print(f"MLflow parent run {outcome.parent_run_id} at {outcome.tracking_uri}")
+    return 0
+
+
+def run_tune_finetune(cfg: FinetuneTuneConfig) -> int:
+    return _run(cfg)
+
+
+def run_tune_distill(cfg: DistillTuneConfig) -> int:
+    return _run(cfg)

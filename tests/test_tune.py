@@ -1,0 +1,194 @@
+"""Sweeps on a tiny fine-tuning task: real Ray Tune trials that each run Ray Train, a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from albert_dist.config import load_config, validate_config
+from albert_dist.errors import ConfigError
+from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
+from albert_dist.tokenizer import train_sentencepiece
+from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig
+from albert_dist.tune.mlflow_runs import PARENT_TAG, TRIAL_TAG
+from albert_dist.tune.report import OUTCOME_FILE
+from albert_dist.tune.sweep import run_sweep
+from finetune_helpers import single_rows, tiny_model_dir, write_csv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, stdlib_corpus):
+    root = tmp_path_factory.mktemp("tune")
+    train_sentencepiece(stdlib_corpus, root / "tokenizer", 600, progress=lambda _: None)
+    tiny_model_dir(root / "model", root / "tokenizer")
+    write_csv(root / "train.csv", single_rows(128, seed=1))
+    write_csv(root / "dev.csv", single_rows(64, seed=2))
+    return root
+
+
+def sweep_raw(root: Path, name: str, **fields) -> dict:
+    """A sweep of 16-step fine-tuning trials (2 epochs of 8 batches) evaluated every 4 steps, on 1 worker."""
+    job = {
+        "run": {"name": "base", "output_dir": str(root / "runs")},
+        "model": {"init_from": str(root / "model")},
+        "data": {"train": str(root / "train.csv"), "dev": str(root / "dev.csv"), "max_seq_length": 32},
+        "finetune": {"epochs": 2},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+        "train": {"precision": "fp32", "batch_size": 16, "eval_every": 4, "log_every": 4, "checkpoint_every": 4},
+        "tracking": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "sweeps"},
+    }
+    return {"job": job, "name": name, "output_dir": str(root / "sweeps"),
+            "search_space": {"train.learning_rate": {"loguniform": [1e-5, 3e-3]},
+                             "finetune.warmup_ratio": {"uniform": [0.0, 0.3]}},
+            "metric": "eval_loss", "num_samples": 6, "max_concurrent_trials": 2,
+            "resources_per_trial": {"num_workers": 1, "cpu": 0.5},
+            "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2}, **fields}
+
+
+def children(uri: str, parent_id: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.get_run(parent_id).info.experiment_id
+    return client, client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_id}'")
+
+
+def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
+    cfg = validate_config(FinetuneTuneConfig, sweep_raw(workspace, "asha"))
+    start = time.time()
+    outcome = run_sweep(cfg)
+    print(f"sweep took {time.time() - start:.0f}s", file=sys.stderr)
+
+    rows = outcome.rows
+    assert len(rows) == 6
+    reasons = [r["stop_reason"] for r in rows]
+    assert "early-stopped" in reasons and "completed" in reasons and "error" not in reasons
+    early = [r for r in rows if r["stop_reason"] == "early-stopped"]
+    assert max(r["evaluations"] for r in early) < max(r["evaluations"] for r in rows)
+
+    client, runs = children(outcome.tracking_uri, outcome.parent_run_id)
+    assert sorted(r.data.tags[TRIAL_TAG] for r in runs) == sorted(r["trial_id"] for r in rows)
+    child_best = {}
+    for run in runs:
+        history = [m.value for m in client.get_metric_history(run.info.run_id, "eval_loss")]
+        assert history and float(run.data.params["train.learning_rate"]) > 0
+        child_best[run.data.tags[TRIAL_TAG]] = min(history)
+        reason = run.data.tags["albert_dist.stop_reason"]
+        assert run.info.status == {"completed": "FINISHED", "early-stopped": "KILLED"}[reason]
+    parent = client.get_run(outcome.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    best_id = parent.data.tags["albert_dist.best_trial_id"]
+    assert child_best[best_id] == min(child_best.values())
+    assert float(parent.data.tags["albert_dist.best_eval_loss"]) == pytest.approx(child_best[best_id])
+    assert {a.path for a in client.list_artifacts(outcome.parent_run_id)} >= {
+        "trials.csv", "trials.png", "best_finetune.yaml"}
+
+    best_job = load_config(FinetuneJobConfig, outcome.best_config)
+    assert best_job.train.learning_rate == pytest.approx(outcome.best["train.learning_rate"])
+    assert best_job.run.name == "asha-best"
+    assert (outcome.best_model / "model.safetensors").is_file() or any(outcome.best_model.glob("*.safetensors"))
+
+
+def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_session, tmp_path):
+    raw = sweep_raw(workspace, "resumed", num_samples=4, search_alg="random", scheduler={"kind": "none"})
+    config_file = tmp_path / "sweep.yaml"
+    config_file.write_text(yaml.safe_dump(raw))
+    sweep_dir = workspace / "sweeps" / "resumed"
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    script = ("import sys; from albert_dist.config import load_config; from albert_dist.tune.config import "
+              "FinetuneTuneConfig; from albert_dist.tune.sweep import run_sweep; "
+              "run_sweep(load_config(FinetuneTuneConfig, sys.argv[1]))")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(config_file)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 150
+        while len(finished_in_state(sweep_dir)) < 1 and time.time() < deadline and proc.poll() is None:
+            time.sleep(1)
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        finished_before = finished_in_state(sweep_dir)
+        assert finished_before
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    kill_time = time.time()
+    outcomes_before = {p.parent.name: p.stat().st_mtime for p in sweep_dir.glob(f"trials/*/{OUTCOME_FILE}")}
+
+    outcome = run_sweep(load_config(FinetuneTuneConfig, config_file))
+    assert len(outcome.rows) == 4 and all(r["stop_reason"] == "completed" for r in outcome.rows)
+    for trial_id in finished_before:  # finished trials were not run again
+        assert outcomes_before[trial_id] < kill_time
+        assert (sweep_dir / "trials" / trial_id / OUTCOME_FILE).stat().st_mtime == outcomes_before[trial_id]
+    client, runs = children(outcome.tracking_uri, outcome.parent_run_id)
+    trial_ids = [r.data.tags[TRIAL_TAG] for r in runs]
+    assert sorted(trial_ids) == sorted(r["trial_id"] for r in outcome.rows)  # one child per trial, no duplicate
+    assert all(r.info.status == "FINISHED" for r in runs)
+
+
+def finished_in_state(sweep_dir: Path) -> set[str]:
+    """Trial ids the sweep's saved Tune state records as finished: what a restore will not run again."""
+    import json
+
+    finished = set()
+    for state in sweep_dir.glob("experiment_state-*.json"):
+        try:
+            trials = json.loads(state.read_text())["trial_data"]
+        except (OSError, ValueError, KeyError):
+            continue
+        for trial_json, _ in trials:
+            trial = json.loads(trial_json)
+            if trial["status"] == "TERMINATED":
+                finished.add(trial["trial_id"])
+    return finished
+
+
+@pytest.mark.parametrize("space, message", [
+    ({"train.learning_rate": {"loguniform": [-1e-5, 1e-3]}}, "train.learning_rate: loguniform bounds must be > 0"),
+    ({"train.learning_rate": {"uniform": [-1e-5, 1e-3]}}, "train.learning_rate=-1e-05 is rejected"),
+    ({"finetune.warmup_ratio": {"lognormal": [0.0, 0.1]}}, "unknown distribution 'lognormal'"),
+    ({"train.learning_rat": {"uniform": [1e-5, 1e-3]}}, "train.learning_rat: not a field of FinetuneJobConfig"),
+    ({"finetune.epochs": {"uniform": [3, 1]}}, "lo < hi"),
+    ({"train.batch_size": {"choice": [16, 0]}}, "train.batch_size=0 is rejected"),
+])
+def test_invalid_search_space_is_one_error_before_any_trial(workspace, space, message):
+    raw = {**sweep_raw(workspace, "invalid"), "search_space": {"finetune.warmup_ratio": {"uniform": [0, 0.2]},
+                                                               **space}}
+    with pytest.raises(ConfigError, match="search_space") as err:
+        validate_config(FinetuneTuneConfig, raw)
+    assert message in str(err.value) and str(err.value).count("search_space") == 1
+    assert not (workspace / "sweeps" / "invalid").exists()
+
+
+def test_every_problem_of_a_space_is_in_the_one_error(workspace):
+    raw = {**sweep_raw(workspace, "invalid"), "search_space": {
+        "train.learning_rate": {"loguniform": [-1e-5, 1e-3]}, "train.nope": {"choice": [1]},
+        "distill.alpha": {"uniform": [0, 1]}}}
+    with pytest.raises(ConfigError) as err:
+        validate_config(FinetuneTuneConfig, raw)
+    assert all(part in str(err.value) for part in ("loguniform bounds", "train.nope", "distill.alpha"))
+
+
+@pytest.mark.parametrize("name, config_class, job_class", [
+    ("tune_finetune.yaml", FinetuneTuneConfig, FinetuneJobConfig),
+    ("tune_distill.yaml", DistillTuneConfig, DistillJobConfig),
+])
+def test_example_sweep_configs_validate(name, config_class, job_class, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(config_class, ROOT / "jobs" / "configs" / name)
+    assert isinstance(cfg.job, job_class) and cfg.space
+
+
+def test_cli_has_tune_commands():
+    from albert_dist.cli import build_parser
+
+    args = build_parser().parse_args(["tune", "distill", "--config", "x.yaml", "--set", "num_samples=3"])
+    assert args.action == "distill" and args.overrides == ["num_samples=3"]
