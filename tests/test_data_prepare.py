@@ -1,0 +1,149 @@
+"""End to end through Ray Data: prepare English and Chinese corpora, load them back, shard them per worker."""
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from albert_dist.config import DataJobConfig
+from albert_dist.data import MaskingCollator, batch_rng, iter_rank_batches, load_prepared, prepare_dataset, rank_shard
+from albert_dist.data.loading import batches_per_rank
+from albert_dist.errors import DataError
+from test_data_support import chinese_corpus, english_tokenizer  # noqa: F401 - fixtures
+
+
+def config(tmp_path, inputs, **data):
+    return DataJobConfig.model_validate({
+        "run": {"output_dir": str(tmp_path)},
+        "data": {"inputs": [str(p) for p in inputs], "rows_per_shard": 400, "eval_fraction": 0.05,
+                 "tokenizer_actors": 2, **data},
+        "tokenizer": {"vocab_size": 1000}})
+
+
+@pytest.fixture(scope="module")
+def english(ray_session, stdlib_corpus, english_tokenizer, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prep-en")
+    tok_dir = english_tokenizer.save(tmp / "tok")
+    cfg = config(tmp, [stdlib_corpus], max_seq_length=64)
+    cfg.tokenizer.path = str(tok_dir)
+    summary = prepare_dataset(cfg, log=lambda _: None)
+    return cfg, summary, load_prepared(tmp / "data/prepared")
+
+
+def test_english_manifest_and_summary(english, english_tokenizer):
+    cfg, summary, data = english
+    m = data.manifest
+    assert m["summary"] == summary
+    assert summary["files"] == 1 and summary["documents"] > 500 and summary["sentences"] > 3 * summary["documents"]
+    assert summary["instances"] == summary["train_instances"] + summary["eval_instances"] == \
+        data.train.count() + data.eval.count()
+    assert 0 < summary["eval_documents"] < 0.1 * summary["documents"]
+    assert sum(s["rows"] for s in m["splits"]["train"]["shards"]) == summary["train_instances"]
+    assert all(s["rows"] == 400 for s in m["splits"]["train"]["shards"][:-1])
+    assert m["tokenizer"]["vocab_size"] == english_tokenizer.vocab_size and m["config"]["data"]["max_seq_length"] == 64
+    assert (data.tokenizer.special_ids, data.tokenizer.vocab_size) == (english_tokenizer.special_ids, 2000)
+    rows = data.train.take_batch(2000, batch_format="numpy")
+    assert max(len(x) for x in rows["input_ids"]) <= 64
+    assert abs(rows["sop_label"].mean() - 0.5) < 0.05
+    assert len(set(rows["instance_id"])) == 2000 and rows["instance_id"].max() < summary["train_instances"]
+    out = data.collator()(rows, batch_rng(0, 0, 0, 0))
+    assert out["input_ids"].shape[0] == len(rows["input_ids"])
+
+
+def test_same_seed_same_shards(english, tmp_path):
+    cfg, _, data = english
+    again = cfg.model_copy(deep=True)
+    again.run.output_dir = str(tmp_path)
+    again.data.tokenizer_actors = 1  # another partitioning of the work
+    prepare_dataset(again, log=lambda _: None)
+    other = load_prepared(tmp_path / "data/prepared")
+    for split in ("train", "eval"):
+        assert data.manifest["splits"][split] == other.manifest["splits"][split]
+        for a, b in zip(data.shard_paths(split), other.shard_paths(split)):
+            assert pq.read_table(a).equals(pq.read_table(b))
+
+
+def test_rank_shards_are_disjoint_and_cover(english):
+    _, summary, data = english
+    world = 3
+    shares = [set(rank_shard(data.train, r, world).to_pandas()["instance_id"]) for r in range(world)]
+    assert sum(map(len, shares)) == summary["train_instances"]
+    assert set().union(*shares) == set(range(summary["train_instances"]))
+    # streaming_split's iterators must be consumed concurrently, as Ray Train's workers do.
+    with ThreadPoolExecutor(world) as pool:
+        split = list(pool.map(lambda it: set(np.concatenate([b["instance_id"] for b in it.iter_batches(
+            batch_format="numpy")])), data.train.streaming_split(world, equal=False)))
+    assert sum(map(len, split)) == summary["train_instances"]
+    assert set().union(*split) == set(range(summary["train_instances"]))
+
+
+def test_iter_rank_batches_deterministic_disjoint_resumable(english):
+    _, _, data = english
+    world, size = 2, 32
+    def ids(rank, epoch, start=0):
+        return [b["instance_id"].tolist() for b in iter_rank_batches(data, rank=rank, world_size=world, batch_size=size,
+                                                                   epoch=epoch, seed=1, start_batch=start)]
+    r0, r1 = ids(0, 0), ids(1, 0)
+    assert len(r0) == len(r1) == batches_per_rank(data, "train", world, size) > 5
+    assert ids(0, 0) == r0 and ids(0, 0, start=3) == r0[3:]
+    assert ids(0, 1) != r0
+    flat0, flat1 = sum(r0, []), sum(r1, [])
+    assert all(i % 2 == 0 for i in flat0) and all(i % 2 == 1 for i in flat1)
+    assert len(set(flat0)) == len(flat0)
+
+
+def test_load_errors(english, tmp_path):
+    with pytest.raises(DataError, match="manifest.json is missing"):
+        load_prepared(tmp_path / "nothing")
+    _, _, data = english
+    copy = tmp_path / "copy"
+    shutil.copytree(data.location, copy)
+    (copy / "tokenizer/spiece.model").write_bytes(b"another model")
+    with pytest.raises(DataError, match="does not match the manifest"):
+        load_prepared(copy)
+
+
+def test_chinese_with_trained_tokenizer_and_static_masks(ray_session, chinese_corpus, tmp_path):
+    cfg = config(tmp_path, [chinese_corpus], output=str(tmp_path / "zh"), tokenizer_actors=1)
+    cfg.tokenizer.character_coverage = 0.9995
+    cfg.masking.static = True
+    summary = prepare_dataset(cfg, log=lambda _: None)
+    data = load_prepared(tmp_path / "zh")
+    assert summary["documents"] == 1500 and summary["sentences"] > 8000
+    assert (tmp_path / "zh/tokenizer/spiece.model").exists() and data.manifest["static_masking"]
+    rows = data.train.take_batch(500, batch_format="numpy")
+    # Every CJK character is a word for whole-word masking: nearly every non-special token starts a word.
+    starts = np.concatenate(list(rows["word_start"]))
+    assert starts.mean() > 0.9
+    out = MaskingCollator.from_manifest(data.manifest)(rows, batch_rng(0, 0, 0, 0))
+    assert ((out["labels"] != -100).sum(1) >= 1).all()
+    assert not list(tmp_path.glob(".zh.tmp-*")), "staging directory removed"
+
+
+def test_bad_input_fails_cleanly_and_keeps_the_old_output(english, ray_session, tmp_path):
+    cfg, _, data = english
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "Fine. Really."}\n{"text": broken\n')
+    broken = cfg.model_copy(deep=True)
+    broken.data.inputs = [str(bad)]
+    broken.data.output = data.location
+    before = data.manifest
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
+        prepare_dataset(broken, log=lambda _: None)
+    assert load_prepared(data.location).manifest == before
+
+
+def test_messy_text_is_counted(ray_session, english_tokenizer, tmp_path):
+    corpus = tmp_path / "messy.txt"
+    runaway = ("word " * 2_000_000).encode()  # a 10 MB line without a sentence end
+    corpus.write_bytes(b"Good first. Good second.\n\n   \n\nOnly one sentence here.\n\n" + runaway +
+                       b"\n\nBad \xff bytes. More text.\n")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    cfg = config(tmp_path, [corpus, tmp_path / "empty.txt"], eval_fraction=0.0)
+    cfg.tokenizer.path = str(english_tokenizer.save(tmp_path / "tok"))
+    s = prepare_dataset(cfg, log=lambda _: None)
+    assert (s["files"], s["empty_files"], s["documents"], s["replaced_chars"]) == (2, 1, 4, 1)
+    assert s["one_sentence_documents"] == 1 and s["long_sentences_cut"] == 1 and s["sentences_cut_in_two"] >= 1
+    assert s["tokens"] > 2_000_000 and s["train_instances"] > 100

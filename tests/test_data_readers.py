@@ -1,0 +1,93 @@
+"""Corpus reading: formats, path expansion and every kind of bad input."""
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from albert_dist.data.readers import file_format, parse_file, read_documents, resolve_inputs
+from albert_dist.errors import DataError
+
+
+def texts(path, data, fmt, field="text"):
+    docs, counts = parse_file(str(path), data, fmt, field)
+    return [d["text"] for d in docs], counts
+
+
+def test_formats():
+    raw = b"First one. Second.\nThird.\n\n\nNext doc.\n"
+    assert texts("a.txt", raw, "sentences")[0] == ["First one. Second.\nThird.", "Next doc."]
+    assert texts("a.txt", raw, "blocks")[0] == ["First one. Second.\nThird.", "Next doc."]
+    lines, counts = texts("a.txt", raw, "lines")
+    assert lines == ["First one. Second.", "Third.", "Next doc."] and counts["empty_documents"] == 2
+    jsonl = b'{"text": "A doc."}\n\n{"body": 1, "text": "B doc."}\n{"text": ""}\n{"text": null}\n'
+    docs, counts = texts("a.jsonl", jsonl, "auto")
+    assert docs == ["A doc.", "B doc."] and counts["empty_documents"] == 2
+    assert parse_file("a.txt", raw, "sentences", "text")[0][0]["presplit"]
+
+
+def test_format_auto_by_extension():
+    assert [file_format(p, "auto") for p in ("x.jsonl.gz", "x.json", "x.parquet", "x.txt", "x")] == \
+        ["jsonl", "jsonl", "parquet", "blocks", "blocks"]
+    assert file_format("x.jsonl", "lines") == "lines"
+
+
+def test_gzip_and_parquet(tmp_path):
+    docs, counts = texts("a.txt.gz", gzip.compress(b"Doc one.\n\nDoc two.\n"), "auto")
+    assert docs == ["Doc one.", "Doc two."] and counts["bytes"] == 19
+    with pytest.raises(DataError, match="a.txt.gz: not a valid gzip file"):
+        parse_file("a.txt.gz", b"not gzip", "auto", "text")
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"body": ["P one.", None, "P two."]}), path)
+    docs, counts = texts(path, path.read_bytes(), "auto", "body")
+    assert docs == ["P one.", "P two."] and counts["empty_documents"] == 1
+    with pytest.raises(DataError, match=r"d.parquet: Parquet file has no column 'text' \(columns: body"):
+        parse_file(str(path), path.read_bytes(), "auto", "text")
+
+
+def test_undecodable_bytes_are_replaced_and_counted():
+    raw = "Caf\u00e9 ok. Real \ufffd kept.".encode() + b" bad \xff\xfe here.\n"
+    docs, counts = texts("a.txt", raw, "blocks")
+    assert counts["replaced_chars"] == 2
+    assert docs[0].endswith("bad \ufffd\ufffd here.")
+
+
+def test_empty_file_and_blank_documents():
+    docs, counts = texts("e.txt", b"", "blocks")
+    assert docs == [] and counts["empty_files"] == 1
+    docs, counts = texts("e.txt", b"  \n\n \n", "lines")
+    assert docs == [] and counts["empty_files"] == 1 and counts["empty_documents"] == 3
+
+
+def test_bad_jsonl_names_file_and_line():
+    with pytest.raises(DataError, match=r"b.jsonl:3: not valid JSON"):
+        parse_file("b.jsonl", b'{"text": "a"}\n\n{"text": oops}\n', "auto", "text")
+    with pytest.raises(DataError, match=r"b.jsonl:1: record has no field 'text'"):
+        parse_file("b.jsonl", b'{"body": "a"}\n', "auto", "text")
+    with pytest.raises(DataError, match=r"b.jsonl:1: field 'text' is int"):
+        parse_file("b.jsonl", b'{"text": 3}\n', "auto", "text")
+
+
+def test_resolve_inputs(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("a.txt", "b.jsonl", "sub/c.txt.gz", ".hidden.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    found = resolve_inputs([str(tmp_path)])
+    assert [p.removeprefix(str(tmp_path)) for p in found] == ["/a.txt", "/b.jsonl", "/sub/c.txt.gz"]
+    assert resolve_inputs([str(tmp_path / "*.txt"), str(tmp_path / "a.txt")]) == [str(tmp_path / "a.txt")]
+    assert resolve_inputs([str(tmp_path / "**/*.gz")]) == [str(tmp_path / "sub/c.txt.gz")]
+    with pytest.raises(DataError, match="path not found: .*missing.txt"):
+        resolve_inputs([str(tmp_path / "missing.txt")])
+    with pytest.raises(DataError, match="glob matches no file: .*nothing-"):
+        resolve_inputs([str(tmp_path / "nothing-*.txt")])
+    with pytest.raises(DataError, match="data.inputs is empty"):
+        resolve_inputs([])
+
+
+def test_read_through_ray_counts_and_orders(ray_session, tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"A one. A two.\n\nA three.\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "B one."}) + "\n")
+    ds = read_documents(resolve_inputs([str(tmp_path)]), "auto", "text")
+    assert [r["text"] for r in ds.take_all()] == ["A one. A two.", "A three.", "B one."]
