@@ -1,0 +1,169 @@
+"""cluster/local/start.sh end to end: a real Ray cluster and MLflow server (token and basic auth), jobs submitted with
+`albert-dist submit`, runs found on the server, nothing listening beyond loopback, no secret in logs or runs.
+
+The cluster gets its own ports, state and temp dirs, so it runs beside any other Ray on the machine; the test
+process talks to it only through subprocesses and HTTP.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+# A cloud key in the submitter's environment must never travel anywhere (made here: the checkout is uploaded).
+CANARY = f"canary-{uuid.uuid4().hex}"
+TINY = ["--set", "model.hidden_size=64", "--set", "model.num_hidden_layers=2", "--set", "model.num_attention_heads=2",
+        "--set", "model.intermediate_size=128", "--set", "train.precision=fp32", "--set", "scaling.num_workers=2",
+        "--set", "scaling.cpus_per_worker=0.5"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sourced_env(env_file: Path) -> dict[str, str]:
+    """The environment after `source env.sh`."""
+    out = subprocess.run(["bash", "-c", f"source {env_file} && env -0"], capture_output=True, check=True)
+    return dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    state = Path(tempfile.mkdtemp(prefix="adc-", dir="/tmp"))
+    ports = {"ALBERT_RAY_PORT": free_port(), "ALBERT_DASHBOARD_PORT": free_port(), "ALBERT_MLFLOW_PORT": free_port()}
+    env = {**os.environ, "ALBERT_CLUSTER_STATE": str(state), **{k: str(v) for k, v in ports.items()}}
+    env.pop("ALBERT_DIST_HOME", None)
+    stop = ["bash", str(REPO / "cluster/local/stop.sh")]
+    try:
+        started = subprocess.run(["bash", str(REPO / "cluster/local/start.sh")], env=env, capture_output=True,
+                                 text=True, timeout=300)
+        assert started.returncode == 0, started.stdout + started.stderr
+        client_env = {**sourced_env(state / "env.sh"), "AWS_SECRET_ACCESS_KEY": CANARY}
+        yield state, client_env
+    finally:
+        subprocess.run(stop, env=env, capture_output=True, timeout=120)
+        assert not cluster_pids(state), "stop.sh left processes behind"
+
+
+def cluster_pids(state: Path) -> set[int]:
+    marker = f"ALBERT_LOCAL_CLUSTER={state}".encode()
+    pids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                pids.add(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+def submit(env: dict[str, str], *args: str, timeout: float = 400) -> str:
+    out = subprocess.run([str(BIN / "albert-dist"), "submit", *args, "--follow"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def test_listeners_are_loopback_only(cluster):
+    state, _ = cluster
+    pids = cluster_pids(state)
+    ss = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    ours = [line.split()[3] for line in ss.splitlines() if {int(p) for p in re.findall(r"pid=(\d+),", line)} & pids]
+    assert len(ours) >= 4  # GCS, raylet, dashboard, MLflow at least
+    for local in ours:
+        host = local.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
+        assert host != "*" and ipaddress.ip_address(host).is_loopback, f"listening on {local}"
+
+
+def test_without_credentials_nothing_is_served(cluster):
+    _, env = cluster
+    for url in (f"{env['RAY_ADDRESS']}/api/jobs/", f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search"
+                                                   "?max_results=1"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=30)
+        assert refused.value.code == 401, url
+    denied = subprocess.run([str(BIN / "albert-dist"), "jobs", "list"], capture_output=True, text=True, cwd=REPO,
+                            env={k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}, timeout=120)
+    assert denied.returncode != 0
+
+
+def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stdlib_corpus, tmp_path):
+    state, env = cluster
+    submit(env, "prepare_data", "--config", "jobs/configs/prepare_data.yaml", "--name", "prepare-1",
+           "--set", f"data.inputs=[{stdlib_corpus}]", "--set", "data.format=blocks", "--set", "data.max_seq_length=64",
+           "--set", "data.dupe_factor=1", "--set", "data.eval_fraction=0.1", "--set", "data.tokenizer_actors=1",
+           "--set", "tokenizer.vocab_size=1000")
+    out = submit(env, "pretrain", "--config", "jobs/configs/pretrain_tiny.yaml", "--name", "pretrain-1", *TINY,
+                 "--set", "run.name=e2e-pretrain", "--set", "train.max_steps=8", "--set", "train.warmup_steps=2",
+                 "--set", "train.batch_size=8", "--set", "train.log_every=4", "--set", "train.eval_every=8",
+                 "--set", "train.checkpoint_every=8", "--set", "train.eval_batches=2")
+    assert "pretrain-1 SUCCEEDED" in out
+    outputs = Path(env["ALBERT_DIST_HOME"])
+    model_dir = outputs / "runs" / "e2e-pretrain" / "model"
+    assert (model_dir / "config.json").is_file()  # under the output root, not the job's temporary copy
+    expected = {"albert-pretrain": "e2e-pretrain"}
+    single_rows, write_csv = _finetune_helpers()
+
+    write_csv(tmp_path / "train.csv", single_rows(96, seed=1))
+    out = submit(env, "finetune", "--config", "jobs/configs/finetune.yaml", "--name", "finetune-1",
+                 "--set", "run.name=e2e-finetune", "--set", f"model.init_from={model_dir}",
+                 "--set", f"data.train={tmp_path / 'train.csv'}", "--set", "data.dev=", "--set", "data.text_column=text",
+                 "--set", "data.max_seq_length=32", "--set", "finetune.epochs=1", "--set", "scaling.use_gpu=false",
+                 "--set", "scaling.num_workers=1", "--set", "scaling.cpus_per_worker=0.5", "--set", "train.batch_size=16",
+                 "--set", "train.eval_every=100", "--set", "train.precision=fp32")
+    assert "finetune-1 SUCCEEDED" in out
+    expected["albert-finetune"] = "e2e-finetune"
+
+    from mlflow.tracking import MlflowClient
+
+    secrets = {CANARY, env["MLFLOW_TRACKING_PASSWORD"], (state / "ray_auth_token").read_text().strip()}
+    os.environ.update({k: env[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")})
+    try:
+        client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+        for experiment, run_name in expected.items():
+            runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
+                                      filter_string=f"attributes.run_name = '{run_name}'")
+            assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+            run = runs[0]
+            assert {"loss"} <= set(run.data.metrics), run.data.metrics
+            assert {"config.json", "model.safetensors"} <= {
+                Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")}
+            logged = " ".join(f"{k}={v}" for k, v in {**run.data.params, **run.data.tags}.items())
+            assert not any(s in logged for s in secrets)
+            for artifact in client.list_artifacts(run.info.run_id, "config"):
+                text = Path(client.download_artifacts(run.info.run_id, artifact.path, str(tmp_path))).read_text()
+                assert not any(s in text for s in secrets)
+    finally:
+        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(k, None)
+
+    ray_tmp = Path((state / "ray_tmp").read_text().strip())
+    leaks = subprocess.run(["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), str(ray_tmp / "session_latest"),
+                            str(state / "logs"), str(outputs), str(state / "mlflow" / "artifacts")],
+                           capture_output=True, text=True)
+    assert leaks.stdout == "", f"secrets written to {leaks.stdout}"
+
+
+def _finetune_helpers():
+    """Labelled rows for the fine-tuning half; skipped while the fine-tuning package is absent."""
+    pytest.importorskip("albert_dist.finetune.job")
+    from finetune_helpers import single_rows, write_csv
+
+    return single_rows, write_csv
