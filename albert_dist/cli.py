@@ -49,7 +49,8 @@ def _tokenizer_train(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="albert-dist", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="albert-dist", description="Pretrain, fine-tune and distill ALBERT "
+                                     "models on Ray, tracked in MLflow.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     tok = commands.add_parser("tokenizer", help="train a SentencePiece tokenizer").add_subparsers(
@@ -81,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
         job = commands.add_parser(name, help=help_text)
         _add_config_flags(job)
         job.set_defaults(handler=_config_command(config_class, runner))
+
+    predict = commands.add_parser("predict", help="batch inference with a fine-tuned or distilled model")
+    predict.add_argument("--model", required=True, help="model directory (transformers layout)")
+    predict.add_argument("--input", required=True, help="CSV, TSV, JSONL or Parquet file")
+    predict.add_argument("--output", required=True, help="output file; its extension picks the format")
+    predict.add_argument("--text-column", default="text")
+    predict.add_argument("--text-pair-column")
+    predict.add_argument("--batch-size", type=int, default=64)
+    predict.set_defaults(handler=_predict)
 
     from albert_dist import jobs_client
 
@@ -120,9 +130,22 @@ def build_parser() -> argparse.ArgumentParser:
 _JOB_COMMANDS = [
     ("pretrain", "albert_dist.config:PretrainJobConfig", "albert_dist.pretrain:run_pretrain",
      "pretrain ALBERT (MLM + SOP) on Ray Train"),
+    ("finetune", "albert_dist.finetune.config:FinetuneJobConfig", "albert_dist.finetune.job:run_finetune",
+     "fine-tune a pretrained ALBERT for classification or regression"),
+    ("distill", "albert_dist.finetune.config:DistillJobConfig", "albert_dist.finetune.distill:run_distill",
+     "distill a fine-tuned teacher into a smaller student"),
     ("demo", "albert_dist.demo:DemoJobConfig", "albert_dist.demo:run_demo",
      "the whole pipeline on a small corpus of Python docstrings, end to end"),
 ]
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from albert_dist.finetune.predict import run_predict
+
+    rows = run_predict(args.model, args.input, args.output, text_column=args.text_column,
+                       text_pair_column=args.text_pair_column, batch_size=args.batch_size)
+    print(f"wrote {rows} predictions to {args.output}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,14 +24,16 @@ TINY_MODEL = ["model.embedding_size=32", "model.hidden_size=64", "model.num_hidd
 
 
 def ordered_corpus(path: Path, words: list[str], documents: int = 700, seed: int = 0) -> Path:
-    """Documents whose sentence order is learnable: the first sentence starts with "start", the others with
-    "then" — a swapped pair (SOP label 1) begins with "then"."""
+    """Documents whose sentence order is learnable: a document's first sentence draws its words from one half of
+    the word list, the sentences after it from the other half, so a swapped pair (SOP label 1) is recognisable
+    from the words of segment A alone."""
     rng = random.Random(seed)
+    opening, rest = words[: len(words) // 2], words[len(words) // 2:]
     lines = []
     for _ in range(documents):
-        lines += [f"start {' '.join(rng.choices(words, k=5))}.",
-                  f"then {' '.join(rng.choices(words, k=5))}.",
-                  f"then {' '.join(rng.choices(words, k=4))}.", ""]
+        lines.append(" ".join(rng.choices(opening, k=3)) + ".")
+        lines += [" ".join(rng.choices(rest, k=3)) + "." for _ in range(rng.randint(1, 2))]
+        lines.append("")
     path.write_text("\n".join(lines))
     return path
 
@@ -40,12 +42,12 @@ def ordered_corpus(path: Path, words: list[str], documents: int = 700, seed: int
 def prepared(tmp_path_factory, stdlib_corpus, ray_session):
     from albert_dist.data.prepare import prepare_dataset
 
-    words = sorted({w for w in re.findall(r"[a-z]{3,9}", stdlib_corpus.read_text()[:50_000])})[:300]
+    words = sorted({w for w in re.findall(r"[a-z]{3,9}", stdlib_corpus.read_text()[:50_000])})[:120]
     root = tmp_path_factory.mktemp("pretrain")
     corpus = ordered_corpus(root / "ordered.txt", words)
     cfg = load_config(DataJobConfig, None, [
         f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=sentences", "data.output=prepared",
-        "data.max_seq_length=32", "data.short_seq_prob=0", "data.eval_fraction=0.1", "tokenizer.vocab_size=250"])
+        "data.max_seq_length=64", "data.short_seq_prob=0", "data.eval_fraction=0.1", "tokenizer.vocab_size=250"])
     prepare_dataset(cfg)
     return root
 
