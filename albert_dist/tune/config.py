@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from albert_dist.config import Section, load_config, resolve_path
+from albert_dist.config import RunSection, Section, load_config
 from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
 from albert_dist.tune import space
 
@@ -53,8 +53,8 @@ class TuneJobConfig(Section):
     kind: ClassVar[str]
     driver: ClassVar[str]  # "module:function" of the job's driver, called as driver(job_config, callbacks=[...])
     job: Section  # declared first (narrowed by subclasses) so that the search space is checked against it
-    name: str = Field("sweep", min_length=1, description="Stable sweep name: relaunching it resumes the sweep.")
-    output_dir: str = Field("runs/sweeps", description="The sweep lives in <output_dir>/<name>.")
+    run: RunSection = Field(default_factory=lambda: RunSection(name="sweep", output_dir="runs/sweeps"),
+                            description="The sweep lives in <output_dir>/<name>; relaunching the name resumes it.")
     search_space: dict[str, Any] = Field(default_factory=dict, description="dotted job field → "
                                          "{loguniform|uniform: [lo, hi]} | {randint: [lo, hi)} | {choice: [...]}")
     metric: str | None = Field(None, description="A dev metric the loop reports (eval_*); default: "
@@ -65,7 +65,6 @@ class TuneJobConfig(Section):
     resources_per_trial: ResourcesSection = Field(default_factory=ResourcesSection)
     search_alg: Literal["optuna", "random"] = "optuna"
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
-    seed: int = 0
 
     @field_validator("job", mode="before", check_fields=False)
     @classmethod
@@ -91,7 +90,7 @@ class TuneJobConfig(Section):
 
     @property
     def sweep_dir(self) -> Path:
-        return resolve_path(self.output_dir) / self.name
+        return self.run.run_dir
 
     @property
     def tune_metric(self) -> str:
@@ -102,7 +101,7 @@ class TuneJobConfig(Section):
         return self.mode or ("min" if self.tune_metric.endswith("loss") else "max")
 
     @property
-    def space(self) -> dict[str, space.Distribution]:
+    def distributions(self) -> dict[str, space.Distribution]:
         return space.check(self.job, self.search_space)
 
 

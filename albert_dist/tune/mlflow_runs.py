@@ -27,7 +27,7 @@ def parent_run(cfg) -> tuple[str, str]:
     """(tracking URI, parent run id) of the sweep `cfg`, in the job's tracking store and experiment."""
     job = cfg.job
     uri = job.tracking.resolved_uri(job.run.output_dir)
-    run_id = tracking.start_or_resume_run(uri, job.tracking.experiment, cfg.sweep_dir, cfg.name,
+    run_id = tracking.start_or_resume_run(uri, job.tracking.experiment, cfg.sweep_dir, cfg.run.name,
                                           tags={"albert_dist.job": f"tune-{cfg.kind}"})
     tracking.log_params(uri, run_id, {"metric": cfg.tune_metric, "mode": cfg.tune_mode,
                                       "num_samples": cfg.num_samples, "search_alg": cfg.search_alg,

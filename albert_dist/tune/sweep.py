@@ -44,15 +44,16 @@ def _tuner(cfg: TuneJobConfig, trainable, uri: str):
     s = cfg.scheduler
     scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=s.grace_period,
                               reduction_factor=s.reduction_factor, max_t=s.max_t) if s.kind == "asha" else None
-    search = OptunaSearch(seed=cfg.seed) if cfg.search_alg == "optuna" else BasicVariantGenerator(
-        random_state=cfg.seed)
+    # Tune applies max_concurrent_trials to a Searcher (Optuna) itself, not to a BasicVariantGenerator instance.
+    search = OptunaSearch(seed=cfg.run.seed) if cfg.search_alg == "optuna" else BasicVariantGenerator(
+        max_concurrent=cfg.max_concurrent_trials, random_state=cfg.run.seed)
     return tune.Tuner(
         trainable,
-        param_space={name: dist.to_tune() for name, dist in cfg.space.items()},
+        param_space={name: dist.to_tune() for name, dist in cfg.distributions.items()},
         tune_config=tune.TuneConfig(metric=cfg.tune_metric, mode=cfg.tune_mode, search_alg=search,
                                     scheduler=scheduler, num_samples=cfg.num_samples,
                                     max_concurrent_trials=cfg.max_concurrent_trials),
-        run_config=tune.RunConfig(name=cfg.name, storage_path=str(sweep_dir.parent),
+        run_config=tune.RunConfig(name=cfg.run.name, storage_path=str(sweep_dir.parent),
                                   callbacks=[mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir),
                                                                      cfg.tune_metric, cfg.tune_mode)]))
 
@@ -83,10 +84,10 @@ def publish(cfg: TuneJobConfig, results, uri: str, parent_id: str) -> SweepOutco
                                 row[metric])
     best = rows[0] if rows and rows[0][metric] is not None else None
     if best is None:
-        raise AlbertDistError(f"no trial of the sweep {cfg.name} reported {metric}; see {sweep_dir}")
-    best_job = space.with_values(cfg.job, {k: best[k] for k in names}, run={"name": f"{cfg.name}-best"})
+        raise AlbertDistError(f"no trial of the sweep {cfg.run.name} reported {metric}; see {sweep_dir}")
+    best_job = space.with_values(cfg.job, {k: best[k] for k in names}, run={"name": f"{cfg.run.name}-best"})
     best_config = sweep_dir / f"best_{cfg.kind}.yaml"  # under its own run name: running it leaves the trial be
-    best_config.write_text(f"# best trial {best['trial_id']} of sweep {cfg.name}: {metric} {best[metric]:.4g}\n"
+    best_config.write_text(f"# best trial {best['trial_id']} of sweep {cfg.run.name}: {metric} {best[metric]:.4g}\n"
                            + dump_yaml(best_job))
     best_model = sweep_dir / "best_model"
     trial_dir = report.trials_dir(sweep_dir) / best["trial_id"]
@@ -94,7 +95,7 @@ def publish(cfg: TuneJobConfig, results, uri: str, parent_id: str) -> SweepOutco
     replace_dir_atomically(best_model, lambda d: shutil.copytree(
         source, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
     files = [report.write_csv(rows, sweep_dir / "trials.csv"),
-             report.plot(rows, cfg.space, metric, sweep_dir / "trials.png"), best_config]
+             report.plot(rows, cfg.distributions, metric, sweep_dir / "trials.png"), best_config]
     mlflow_runs.publish_best(uri, parent_id, metric, best, names, files)
     return SweepOutcome(rows, best, best_config, best_model, uri, parent_id)
 
