@@ -35,6 +35,8 @@ class ModelSection(Section):
 
     preset: Literal["tiny", "base", "large", "xlarge", "xxlarge"] = "tiny"
     init_from: str | None = Field(None, description="A model directory (ours or transformers') to start from.")
+    allow_pickle: bool = Field(False, description="Accept an init_from holding only pytorch_model.bin (pickle), "
+                                                  "still loaded with torch.load(weights_only=True).")
     embedding_size: int | None = Field(None, gt=0)
     hidden_size: int | None = Field(None, gt=0)
     num_hidden_layers: int | None = Field(None, gt=0)
@@ -49,7 +51,8 @@ class ModelSection(Section):
     max_position_embeddings: int | None = Field(None, gt=0)
 
     def overrides(self) -> dict[str, Any]:
-        return {k: v for k, v in self.model_dump(exclude={"preset", "init_from"}).items() if v is not None}
+        fields = self.model_dump(exclude={"preset", "init_from", "allow_pickle"})
+        return {k: v for k, v in fields.items() if v is not None}
 
     def build(self, vocab_size: int, **extra: Any):
         """The `AlbertConfig` for this section; model validation errors are reported as config errors."""

@@ -1,5 +1,8 @@
 """User-facing errors: the CLI prints their message alone, without a traceback."""
 
+import contextlib
+import errno
+
 
 class AlbertDistError(Exception):
     """Base of every error caused by the user's input (config, files, data) rather than a bug."""
@@ -19,3 +22,24 @@ class TokenizerError(AlbertDistError):
 
 class DataError(AlbertDistError):
     """A corpus or dataset that cannot be read."""
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """ENOSPC or EDQUOT, also where a writer reports it only in its message (pyarrow, safetensors)."""
+    return ((isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT))
+            or "No space left on device" in str(err))
+
+
+@contextlib.contextmanager
+def disk_full_errors(what: str, error: type[AlbertDistError] = AlbertDistError):
+    """Report a full disk while writing `what` (which names the path) as one clear line instead of a traceback
+    from deep inside a writer; callers write atomically, so what was there before stays intact. An inner
+    report (naming a temporary file) is restated in the outer caller's terms."""
+    try:
+        yield
+    except Exception as err:
+        cause = err.__cause__ if isinstance(err, AlbertDistError) else err
+        if cause is None or not is_disk_full(cause):
+            raise
+        raise error(f"no space left on device while writing {what}: free some space or write elsewhere "
+                    f"(what was there before is kept)") from cause

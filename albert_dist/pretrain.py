@@ -61,7 +61,8 @@ class PretrainingTask(TrainingTask):
 
     def build_model(self) -> torch.nn.Module:
         if self.config.get("init_from"):
-            model = AlbertForPreTraining.from_pretrained(self.config["init_from"])
+            model = AlbertForPreTraining.from_pretrained(self.config["init_from"],
+                                                         allow_pickle=self.config.get("allow_pickle", False))
         else:
             model = AlbertForPreTraining(AlbertConfig.from_dict(self.config["model_config"]))
         self._model = model
@@ -159,6 +160,7 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
           f"worker(s), {cfg.train.precision}; MLflow run {run_id}")
     task_config = {
         "prepared_dir": str(data_dir), "model_config": model_config.to_dict(), "init_from": cfg.model.init_from,
+        "allow_pickle": cfg.model.allow_pickle,
         "masking": cfg.masking.model_dump(), "batch_size": cfg.train.batch_size, "seed": cfg.run.seed,
         "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
         "manifest": manifest, "has_eval": prepared.eval is not None,

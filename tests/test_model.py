@@ -256,17 +256,22 @@ def test_missing_checkpoint_pieces_raise_checkpoint_error(tmp_path):
         AlbertForPreTraining.from_pretrained(tmp_path)
 
 
-def test_pickle_weights_load_with_weights_only(tmp_path):
+def test_pickle_weights_are_refused_unless_allowed_and_then_load_with_weights_only(tmp_path):
     model = AlbertForSequenceClassification(small_config()).eval()
     model.config.to_json_file(tmp_path / "config.json")
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
-    loaded = AlbertForSequenceClassification.from_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="pytorch_model.bin, a pickle, which is refused.*allow_pickle"):
+        AlbertForSequenceClassification.from_pretrained(tmp_path)
+    loaded = AlbertForSequenceClassification.from_pretrained(tmp_path, allow_pickle=True)
     ids, mask, types, _ = batch(model.config)
     torch.testing.assert_close(loaded(ids, mask, types).logits, model(ids, mask, types).logits)
-    # Anything beyond plain tensors is refused rather than unpickled.
+    # Even when allowed, anything beyond plain tensors is refused rather than unpickled.
     torch.save({"payload": logging.getLogger("x")}, tmp_path / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="cannot read the weights"):
-        AlbertForSequenceClassification.from_pretrained(tmp_path)
+        AlbertForSequenceClassification.from_pretrained(tmp_path, allow_pickle=True)
+    # safetensors beside the pickle wins, without any opt-in.
+    model.save_pretrained(tmp_path)
+    AlbertForSequenceClassification.from_pretrained(tmp_path)
 
 
 def test_base_checkpoint_into_classifier_warns_about_new_head(tmp_path, caplog):

@@ -30,7 +30,7 @@ from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, DocumentProcessor, ProcessSettings,
                                       document_sentences, summarize_counts)
 from albert_dist.data.readers import filesystem, read_documents, resolve_inputs
-from albert_dist.errors import AlbertDistError, DataError
+from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -293,8 +293,9 @@ def _staging(location: str):
         stage = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
         stage.mkdir()
     try:
-        yield stage
-        _publish(stage, location)
+        with disk_full_errors(f"the prepared data for {location}", DataError):
+            yield stage
+            _publish(stage, location)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

@@ -172,7 +172,7 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
     overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
     config = task_config(init_from=str(init_from), task_data=task_data, task=task, finetune=cfg.finetune,
                          train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed,
-                         model_overrides=overrides)
+                         model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
     model_dir = run_dir / "model"
     result = train_on_ray(cfg, task_factory="albert_dist.finetune.task:build_finetune_task", config=config,
                           task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=model_dir,

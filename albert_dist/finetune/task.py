@@ -66,6 +66,7 @@ class SequenceClassificationTask(TrainingTask):
     # ------------------------------------------------------------------------------------------------ model
     def build_model(self) -> torch.nn.Module:
         return AlbertForSequenceClassification.from_pretrained(self.config["init_from"],
+                                                               allow_pickle=self.config.get("allow_pickle", False),
                                                                **self.config["model_overrides"])
 
     def parameter_groups(self, model, weight_decay):

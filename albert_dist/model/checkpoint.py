@@ -1,7 +1,8 @@
 """Read and write checkpoint directories in transformers' layout: config.json + model.safetensors.
 
 Any transformers ALBERT directory loads (pretraining, masked LM, base model, classification), and what we write
-loads in transformers. Weights are never unpickled freely: pytorch_model.bin goes through weights_only loading.
+loads in transformers. Weights are never unpickled freely: a directory with only pytorch_model.bin is refused unless
+the caller opts in (`allow_pickle`), and even then it goes through weights_only loading.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from albert_dist.errors import AlbertDistError, CheckpointError
+from albert_dist.errors import AlbertDistError, CheckpointError, disk_full_errors
 from albert_dist.model.config import AlbertConfig
 
 logger = logging.getLogger(__name__)
@@ -41,9 +42,10 @@ def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
     """Write via a temporary file in the same directory, then rename over `path`: readers never see half a file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        with disk_full_errors(str(path), CheckpointError):
+            write(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -75,11 +77,19 @@ def load_config(directory: str | os.PathLike, **overrides) -> AlbertConfig:
         raise CheckpointError(f"{path}: {e}") from e
 
 
-def load_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Tensors of model.safetensors (or its shards), else of pytorch_model.bin loaded with weights_only=True."""
+def load_state_dict(directory: str | os.PathLike, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors of model.safetensors (or its shards), else of pytorch_model.bin when `allow_pickle`.
+
+    A pickle is refused by default because unpickling a file from elsewhere can run its code; with the opt-in it
+    is still read with weights_only=True, which accepts tensors and plain containers only.
+    """
     directory = Path(directory)
     safe, index, pickled = (directory / SAFE_WEIGHTS_NAME, directory / SAFE_WEIGHTS_INDEX_NAME,
                             directory / PICKLE_WEIGHTS_NAME)
+    if not (safe.is_file() or index.is_file()) and pickled.is_file() and not allow_pickle:
+        raise CheckpointError(f"{directory} holds its weights only as {PICKLE_WEIGHTS_NAME}, a pickle, which is "
+                              f"refused: convert it to {SAFE_WEIGHTS_NAME}, or opt in with allow_pickle=True "
+                              f"(config: model.allow_pickle=true) to load it with torch.load(weights_only=True)")
     try:
         if safe.is_file():
             return load_file(str(safe))
@@ -131,10 +141,10 @@ def load_weights(model, state: dict[str, torch.Tensor], source: str | os.PathLik
         logger.warning("%s: ignored weights unknown to %s: %s", source, type(model).__name__, ", ".join(strange))
 
 
-def from_pretrained(cls, directory: str | os.PathLike, **config_overrides):
+def from_pretrained(cls, directory: str | os.PathLike, allow_pickle: bool = False, **config_overrides):
     """Build `cls` from config.json (plus overrides such as num_labels) and load the weights; eval mode."""
     config = load_config(directory, **config_overrides)
-    state = load_state_dict(directory)
+    state = load_state_dict(directory, allow_pickle=allow_pickle)
     model = cls(config)
     load_weights(model, state, directory)
     return model.eval()

@@ -12,6 +12,7 @@ anything else, so a half-written or corrupted checkpoint is never resumed from.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from pathlib import Path
@@ -34,7 +35,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_atomic_bytes(path: Path, data: bytes) -> None:
+def write_atomic_bytes(path: Path, data: bytes | memoryview) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -68,11 +69,15 @@ def verify_manifest(directory: Path) -> dict[str, Any]:
 
 
 def save_training_state(directory: Path, state: dict[str, Any], info: dict[str, Any]) -> None:
-    """Write `training_state.pt` and then the manifest over everything already in `directory`."""
+    """Write `training_state.pt` and then the manifest over everything already in `directory`.
+
+    The state is serialised in memory first: torch.save reports a full disk as an opaque RuntimeError, a plain
+    write as ENOSPC, which callers turn into a clear message.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{STATE_FILE}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, directory / STATE_FILE)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic_bytes(directory / STATE_FILE, buffer.getbuffer())
     write_manifest(directory, info)
 
 

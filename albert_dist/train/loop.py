@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from albert_dist.config import TrainSection
+from albert_dist.errors import disk_full_errors
 from albert_dist.train import checkpointing, optim, precision
 
 Batch = dict[str, torch.Tensor]
@@ -304,10 +305,12 @@ class Trainer:
             return
         with tempfile.TemporaryDirectory(prefix="albert-ckpt-") as tmp:
             directory = Path(tmp)
-            self.task.save_model(self.model, directory / checkpointing.MODEL_DIR)
-            checkpointing.save_training_state(directory, self._state(rng_states),
-                                              {"step": self.position.step, "epoch": self.position.epoch})
-            self.env.report(payload, directory)
+            with disk_full_errors(f"the checkpoint of step {self.position.step} ({directory}, then the run's "
+                                  f"storage)"):
+                self.task.save_model(self.model, directory / checkpointing.MODEL_DIR)
+                checkpointing.save_training_state(directory, self._state(rng_states),
+                                                  {"step": self.position.step, "epoch": self.position.epoch})
+                self.env.report(payload, directory)
 
     def _state(self, rng_states: list[torch.Tensor]) -> dict[str, Any]:
         pos = self.position
@@ -386,7 +389,12 @@ def replace_dir_atomically(target: Path, write: Callable[[Path], None]) -> None:
     """Write a directory beside `target`, then swap it in, so readers see the old or the new one, never half."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    write(staging)
+    try:
+        with disk_full_errors(str(target)):
+            write(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a half-written copy would only hold on to the space
+        raise
     old = target.with_name(f".{target.name}.old")
     if target.exists():
         target.rename(old)

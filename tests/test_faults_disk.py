@@ -1,0 +1,127 @@
+"""A disk that fills up while checkpoints, the best model or prepared data are written: a clear error naming the
+path, and what was there before intact (no half-written file left behind). The disk is a real 2 MB tmpfs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from albert_dist.errors import AlbertDistError, CheckpointError, DataError
+from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+from albert_dist.train import checkpointing
+from albert_dist.train.loop import Trainer, WorkerEnv, replace_dir_atomically
+from test_data_support import english_tokenizer  # noqa: F401 - fixture
+from test_loop import Checkpoints, KeywordTask, settings
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk: Path, leave: int = 0) -> None:
+    """Take all of the disk's free space but `leave` bytes."""
+    stat = os.statvfs(disk)
+    ballast = stat.f_bavail * stat.f_frsize - leave
+    with open(disk / "ballast", "wb") as f:
+        try:
+            f.write(b"\0" * ballast)
+        except OSError:  # the last page did not fit
+            pass
+
+
+def tiny_classifier(seed: int) -> AlbertForSequenceClassification:
+    torch.manual_seed(seed)
+    return AlbertForSequenceClassification(AlbertConfig(vocab_size=60, embedding_size=16, hidden_size=32,
+                                                         num_hidden_layers=2, num_attention_heads=2,
+                                                         intermediate_size=48))
+
+
+def assert_same_weights(directory: Path, expected: dict[str, torch.Tensor]) -> None:
+    found = load_file(directory / "model.safetensors")
+    assert found.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(found[key], expected[key], rtol=0, atol=0, msg=key)
+
+
+def test_model_written_to_a_full_disk_fails_clearly_and_keeps_the_previous_one(small_disk):
+    target = small_disk / "best"
+    replace_dir_atomically(target, tiny_classifier(0).save_pretrained)
+    before = load_file(target / "model.safetensors")
+    fill(small_disk)
+    newer = tiny_classifier(1)
+    with pytest.raises(AlbertDistError, match=f"no space left on device while writing {target}"):
+        replace_dir_atomically(target, newer.save_pretrained)  # the way the best model is replaced
+    with pytest.raises(CheckpointError, match=f"no space left on device while writing {target}/model.safetensors"):
+        newer.save_pretrained(target)  # in place: file by file, each atomically
+    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "best"]
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert_same_weights(target, before)
+    AlbertForSequenceClassification.from_pretrained(target)
+
+
+def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_model(small_disk, tmp_path,
+                                                                                    monkeypatch):
+    """Checkpoints are staged in the temp dir and the best model lives on the small disk; it fills up after the
+    first checkpoint (step 4), so the next write (best model or checkpoint, step 8) meets a full disk."""
+    monkeypatch.setattr(tempfile, "tempdir", str(small_disk / "tmp"))
+    (small_disk / "tmp").mkdir()
+    saved = Checkpoints(tmp_path / "reported")
+    saved.root.mkdir()
+
+    def fill_after_first_checkpoint(metrics, step):
+        if saved.reports and not (small_disk / "ballast").exists():
+            fill(small_disk)
+
+    env = WorkerEnv(report=saved, best_model_dir=small_disk / "best", log_metrics=fill_after_first_checkpoint,
+                    print_fn=lambda line: None)
+    trainer = Trainer(KeywordTask(), settings(max_steps=8, log_every=2, eval_every=4, checkpoint_every=4), env)
+    with pytest.raises(AlbertDistError, match=f"no space left on device while writing .*{small_disk}"):
+        trainer.fit()
+    assert [r["step"] for r in saved.reports] == [4]
+    checkpointing.load_training_state(saved.root / "step4")  # verified and loadable
+    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "best", "tmp"]
+    assert not list((small_disk / "tmp").glob("albert-ckpt-*")), "a half-written checkpoint was left behind"
+    assert_same_weights(small_disk / "best", load_file(saved.root / "step4" / "model" / "model.safetensors"))
+
+
+def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_dataset(small_disk, tmp_path,
+                                                                                   english_tokenizer,  # noqa: F811
+                                                                                   stdlib_corpus, ray_session):
+    from albert_dist.config import DataJobConfig
+    from albert_dist.data import load_prepared, prepare_dataset
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text(stdlib_corpus.read_text()[:60_000])
+    tokenizer_dir = english_tokenizer.save(tmp_path / "tokenizer")
+    cfg = DataJobConfig.model_validate({
+        "run": {"output_dir": str(small_disk)},
+        "data": {"inputs": [str(corpus)], "format": "blocks", "output": "prepared", "max_seq_length": 64,
+                 "eval_fraction": 0.1, "tokenizer_actors": 1},
+        "tokenizer": {"path": str(tokenizer_dir)}})
+    prepare_dataset(cfg, log=lambda _: None)
+    location = small_disk / "prepared"
+    before = {p.relative_to(location): p.read_bytes() for p in location.rglob("*") if p.is_file()}
+
+    # Room for the tokenizer, not for the shards.
+    fill(small_disk, leave=sum(p.stat().st_size for p in tokenizer_dir.iterdir()) + 64 * 1024)
+    with pytest.raises(DataError, match=f"no space left on device while writing the prepared data for {location}"):
+        prepare_dataset(cfg, log=lambda _: None)
+    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "prepared"]
+    assert {p.relative_to(location): p.read_bytes() for p in location.rglob("*") if p.is_file()} == before
+    assert load_prepared(location).train is not None
