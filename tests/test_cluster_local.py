@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cluster_helpers import prepare_args, pretrain_args, sets
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # A cloud key in the submitter's environment must never travel anywhere (made here: the checkout is uploaded).
 CANARY = f"canary-{uuid.uuid4().hex}"
-TINY = ["--set", "model.hidden_size=64", "--set", "model.num_hidden_layers=2", "--set", "model.num_attention_heads=2",
-        "--set", "model.intermediate_size=128", "--set", "train.precision=fp32", "--set", "scaling.num_workers=2",
-        "--set", "scaling.cpus_per_worker=0.5"]
+
 
 
 def free_port() -> int:
@@ -106,28 +105,21 @@ def test_without_credentials_nothing_is_served(cluster):
 
 def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stdlib_corpus, tmp_path):
     state, env = cluster
-    submit(env, "prepare_data", "--config", "jobs/configs/prepare_data.yaml", "--name", "prepare-1",
-           "--set", f"data.inputs=[{stdlib_corpus}]", "--set", "data.format=blocks", "--set", "data.max_seq_length=64",
-           "--set", "data.dupe_factor=1", "--set", "data.eval_fraction=0.1", "--set", "data.tokenizer_actors=1",
-           "--set", "tokenizer.vocab_size=1000")
-    out = submit(env, "pretrain", "--config", "jobs/configs/pretrain_tiny.yaml", "--name", "pretrain-1", *TINY,
-                 "--set", "run.name=e2e-pretrain", "--set", "train.max_steps=8", "--set", "train.warmup_steps=2",
-                 "--set", "train.batch_size=8", "--set", "train.log_every=4", "--set", "train.eval_every=8",
-                 "--set", "train.checkpoint_every=8", "--set", "train.eval_batches=2")
+    submit(env, "prepare_data", *prepare_args(stdlib_corpus), "--name", "prepare-1")
+    out = submit(env, "pretrain", *pretrain_args("e2e-pretrain", steps=8), "--name", "pretrain-1")
     assert "pretrain-1 SUCCEEDED" in out
     outputs = Path(env["ALBERT_DIST_HOME"])
     model_dir = outputs / "runs" / "e2e-pretrain" / "model"
     assert (model_dir / "config.json").is_file()  # under the output root, not the job's temporary copy
     expected = {"albert-pretrain": "e2e-pretrain"}
-    single_rows, write_csv = _finetune_helpers()
 
+    single_rows, write_csv = _finetune_helpers()
     write_csv(tmp_path / "train.csv", single_rows(96, seed=1))
-    out = submit(env, "finetune", "--config", "jobs/configs/finetune.yaml", "--name", "finetune-1",
-                 "--set", "run.name=e2e-finetune", "--set", f"model.init_from={model_dir}",
-                 "--set", f"data.train={tmp_path / 'train.csv'}", "--set", "data.dev=", "--set", "data.text_column=text",
-                 "--set", "data.max_seq_length=32", "--set", "finetune.epochs=1", "--set", "scaling.use_gpu=false",
-                 "--set", "scaling.num_workers=1", "--set", "scaling.cpus_per_worker=0.5", "--set", "train.batch_size=16",
-                 "--set", "train.eval_every=100", "--set", "train.precision=fp32")
+    out = submit(env, "finetune", "--config", "jobs/configs/finetune.yaml", "--name", "finetune-1", *sets(
+        "run.name=e2e-finetune", f"model.init_from={model_dir}", f"data.train={tmp_path / 'train.csv'}", "data.dev=",
+        "data.text_column=text", "data.max_seq_length=32", "finetune.epochs=1", "scaling.use_gpu=false",
+        "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "train.batch_size=16", "train.eval_every=100",
+        "train.precision=fp32"))
     assert "finetune-1 SUCCEEDED" in out
     expected["albert-finetune"] = "e2e-finetune"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cluster_helpers import prepare_args, pretrain_args, sets
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +35,7 @@ def ip(*args: str) -> None:
 
 
 class Hosts:
-    """Two namespaces `<tag>h` and `<tag>w` joined by a veth pair; `close()` kills what runs in them and deletes them."""
+    """Namespaces `<tag>h` and `<tag>w` joined by a veth pair; `close()` kills what runs in them, deletes them."""
 
     def __init__(self) -> None:
         self.tag = tag = "ad" + uuid.uuid4().hex[:6]
@@ -107,37 +109,26 @@ def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
              "--artifacts-destination", str(root / "artifacts")],
             env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
-        node = ["--num-cpus", "1", "--object-store-memory", "300000000", "--disable-usage-stats"]
+        # 2 logical CPUs a node: one Train worker (0.5) each, and room for the Ray Data tasks that feed it
+        node = ["--num-cpus", "2", "--object-store-memory", "300000000", "--disable-usage-stats"]
         logs = root / "logs"
         logs.mkdir()
-        hosts.run(hosts.head, ["ray", "start", "--head", "--node-ip-address", HEAD_IP, "--port",
-                                         str(GCS_PORT), "--dashboard-host", "127.0.0.1", "--temp-dir",
-                                         str(root / "rh"), *node], env, 180, logs / "head.log")
+        hosts.run(hosts.head, ["ray", "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(GCS_PORT),
+                               "--dashboard-host", "127.0.0.1", "--temp-dir", str(root / "rh"), *node],
+                  env, 180, logs / "head.log")
         hosts.run(hosts.worker, ["ray", "start", "--address", f"{HEAD_IP}:{GCS_PORT}", "--node-ip-address",
-                                          WORKER_IP, "--temp-dir", str(root / "rw"), *node], env, 180, logs / "worker.log")
+                                 WORKER_IP, "--temp-dir", str(root / "rw"), *node], env, 180, logs / "worker.log")
 
         driver = {**env, "RAY_ADDRESS": f"{HEAD_IP}:{GCS_PORT}"}
-        hosts.run(hosts.head, [
-            "python", "-m", "jobs.prepare_data", "--config", "jobs/configs/prepare_data.yaml",
-            "--set", f"data.inputs=[{stdlib_corpus}]", "--set", "data.format=blocks", "--set", "data.max_seq_length=64",
-            "--set", "data.dupe_factor=1", "--set", "data.eval_fraction=0.1", "--set", "data.tokenizer_actors=1",
-            "--set", "tokenizer.vocab_size=1000"], driver, 300, logs / "prepare.log", cwd=REPO)
+        hosts.run(hosts.head, ["python", "-m", "jobs.prepare_data", *prepare_args(stdlib_corpus)], driver, 300,
+                  logs / "prepare.log", cwd=REPO)
+        trained = hosts.run(hosts.head, ["python", "-m", "jobs.pretrain", *pretrain_args("two-hosts", steps=12),
+                                         *sets("scaling.placement_strategy=STRICT_SPREAD")],
+                            driver, 400, logs / "pretrain.log", cwd=REPO)
 
-        hosts.run(hosts.head, [
-            "python", "-m", "jobs.pretrain", "--config", "jobs/configs/pretrain_tiny.yaml",
-            "--set", "run.name=two-hosts", "--set", "scaling.num_workers=2", "--set", "scaling.cpus_per_worker=0.5",
-            "--set", "scaling.placement_strategy=STRICT_SPREAD", "--set", "model.hidden_size=64",
-            "--set", "model.num_hidden_layers=2", "--set", "model.num_attention_heads=2",
-            "--set", "model.intermediate_size=128", "--set", "train.precision=fp32", "--set", "train.max_steps=12",
-            "--set", "train.warmup_steps=2", "--set", "train.batch_size=8", "--set", "train.log_every=4",
-            "--set", "train.eval_every=12", "--set", "train.checkpoint_every=6", "--set", "train.eval_batches=2"],
-            driver, 400, logs / "pretrain.log", cwd=REPO)
-
-        workers = hosts.run(hosts.head, ["ray", "list", "actors", "--detail", "--format", "json", "--limit", "1000",
-                                         "--filter", "class_name=RayTrainWorker"],
-                            {**env, "RAY_ADDRESS": "http://127.0.0.1:8265"}, 120, logs / "actors.json")
-        ips = {actor["address"]["ip_address"] for actor in json.loads(workers[workers.index("["):])}
-        assert ips == {HEAD_IP, WORKER_IP}, ips  # one DDP rank on each host
+        # Ray Train lists its worker group: "- (ip=10.201.0.2, pid=123) world_rank=0, local_rank=0, node_rank=0"
+        ranks = dict(re.findall(r"\(ip=([\d.]+), pid=\d+\) world_rank=(\d+)", trained))
+        assert set(ranks) == {HEAD_IP, WORKER_IP} and sorted(ranks.values()) == ["0", "1"], ranks
 
         run_dir = root / "out" / "runs" / "two-hosts"
         checkpoints = sorted((run_dir / "ray" / "two-hosts").glob("checkpoint_*"))
