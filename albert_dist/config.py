@@ -218,7 +218,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             if not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+        try:
+            node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({err})") from None
     return raw
 
 
@@ -235,6 +238,8 @@ def load_config(cls: type[ConfigT], path: str | Path | None = None, overrides: l
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path} is not UTF-8 text: {err}") from None
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
