@@ -118,8 +118,8 @@ def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_datase
     location = small_disk / "prepared"
     before = {p.relative_to(location): p.read_bytes() for p in location.rglob("*") if p.is_file()}
 
-    # Room for the tokenizer, not for the shards.
-    fill(small_disk, leave=sum(p.stat().st_size for p in tokenizer_dir.iterdir()) + 64 * 1024)
+    # Room for the tokenizer's files (in 4 KiB pages) and one more page: not for the shards.
+    fill(small_disk, leave=sum(-(-p.stat().st_size // 4096) * 4096 for p in tokenizer_dir.iterdir()) + 4096)
     with pytest.raises(DataError, match=f"no space left on device while writing the prepared data for {location}"):
         prepare_dataset(cfg, log=lambda _: None)
     assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "prepared"]
