@@ -51,7 +51,7 @@ def bench_prepare(paths: list[Path], work: Path, args) -> tuple[dict, Path]:
 
     started = time.perf_counter()
     tok_dir = work / "spm"
-    train_sentencepiece(paths[:1], tok_dir, args.vocab_size, input_sentence_size=200_000, progress=lambda _: None)
+    train_sentencepiece(paths, tok_dir, args.vocab_size, input_sentence_size=200_000, progress=lambda _: None)
     print(f"tokenizer: trained {args.vocab_size} pieces in {time.perf_counter() - started:.1f} s (not counted)")
     cfg = DataJobConfig.model_validate({
         "run": {"output_dir": str(work)},
@@ -97,11 +97,12 @@ def bench_collation(prepared: Path, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5 MB corpus, fewer collation repeats")
+    parser.add_argument("--quick", action="store_true", help="5 MB corpus, 3000 pieces, fewer collation repeats")
     parser.add_argument("--corpus-mb", type=float, default=50.0)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--cpus", type=int, default=2, help="Ray CPUs = tokenizer actors")
-    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--vocab-size", type=int, default=4000,
+                        help="the recombined corpus has ~5k distinct pieces at most")
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=50)
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
-        args.corpus_mb, args.batches, args.repeats = 5.0, 20, 2
+        args.corpus_mb, args.vocab_size, args.batches, args.repeats = 5.0, 3000, 20, 2
 
     import ray
 

@@ -73,8 +73,8 @@ def test_rank_shards_are_disjoint_and_cover(english):
     assert set().union(*shares) == set(range(summary["train_instances"]))
     # streaming_split's iterators must be consumed concurrently, as Ray Train's workers do.
     with ThreadPoolExecutor(world) as pool:
-        split = list(pool.map(lambda it: set(np.concatenate([b["instance_id"] for b in it.iter_batches(
-            batch_format="numpy")])), data.train.streaming_split(world, equal=False)))
+        split = list(pool.map(lambda it: {i for b in it.iter_batches(batch_format="numpy") for i in b["instance_id"]},
+                              data.train.streaming_split(world, equal=False)))
     assert sum(map(len, split)) == summary["train_instances"]
     assert set().union(*split) == set(range(summary["train_instances"]))
 

@@ -63,7 +63,7 @@ def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
     location = output_location(cfg)
     files = resolve_inputs(cfg.data.inputs)
     log(f"data: {len(files)} input file(s) → {location}")
-    with _staging(location) as stage, _ordered_execution(progress_bars):
+    with _staging(location) as stage, _execution_context(progress_bars):
         tokenizer = _tokenizer(cfg, files, stage / "tokenizer", log)
         tally = Tally.create()
         instances = _instances(cfg, files, tokenizer, tally)
@@ -320,17 +320,20 @@ def _publish(stage: Path, location: str) -> None:
 
 
 @contextlib.contextmanager
-def _ordered_execution(progress_bars: bool):
-    """Ray Data keeps block order (so the output is deterministic) and shows progress bars only when asked."""
+def _execution_context(progress_bars: bool):
+    """Ray Data keeps block order (so the output is deterministic), raises a UDF's own exception (so a DataError
+    keeps its type and message) and shows progress bars only when asked."""
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars
-    ctx.execution_options.preserve_order, ctx.enable_progress_bars = True, progress_bars
+    saved = (ctx.execution_options.preserve_order, ctx.raise_original_map_exception, ctx.enable_progress_bars)
+    ctx.execution_options.preserve_order, ctx.raise_original_map_exception = True, True
+    ctx.enable_progress_bars = progress_bars
     try:
         yield
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
+        (ctx.execution_options.preserve_order, ctx.raise_original_map_exception,
+         ctx.enable_progress_bars) = saved
 
 
 def format_summary(summary: dict[str, Any]) -> str:
