@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -59,6 +60,7 @@ def cluster():
     finally:
         subprocess.run(stop, env=env, capture_output=True, timeout=120)
         assert not cluster_pids(state), "stop.sh left processes behind"
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def cluster_pids(state: Path) -> set[int]:
