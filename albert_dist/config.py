@@ -67,7 +67,7 @@ class ModelSection(Section):
 class TokenizerSection(Section):
     path: str | None = Field(None, description="An existing tokenizer (dir with spiece.model or vocab.txt); "
                                                "when empty one is trained on the corpus.")
-    vocab_size: int = Field(8000, ge=100)
+    vocab_size: int = Field(8000, ge=16)
     character_coverage: float = Field(0.99995, gt=0, le=1)
     input_sentence_size: int = Field(1_000_000, gt=0, description="Lines sampled from the corpus for training.")
     model_type: Literal["unigram", "bpe"] = "unigram"

@@ -1,47 +1,141 @@
 """`albert-dist demo`: the main job end to end on embedded defaults, on a laptop.
 
 Corpus (Python standard-library docstrings, extracted here) → tokenizer + prepared data (Ray Data) → pretraining
-of a tiny ALBERT on 2 Ray Train workers in bf16, tracked in MLflow (a SQLite file under the output directory).
+of a tiny ALBERT on 2 Ray Train workers → fine-tuning on a classification task built from the same corpus →
+distillation into a smaller student → a small Ray Tune sweep; everything tracked in MLflow (a SQLite file under
+the output directory).
 """
 
 from __future__ import annotations
+
+import csv
+import random
+import re
+from pathlib import Path
 
 from pydantic import Field
 
 from albert_dist.config import (DataJobConfig, DataSection, MaskingSection, ModelSection, PretrainJobConfig,
                                 RunSection, ScalingSection, Section, TokenizerSection, TrackingSection, TrainSection)
 
+# The demo's classification task: does a docstring sentence talk about what a function returns, or raises?
+TASK_CUES = {"returns": re.compile(r"\breturns?\b", re.I), "raises": re.compile(r"\braises?\b", re.I)}
+
 
 class DemoJobConfig(Section):
     run: RunSection = Field(default_factory=lambda: RunSection(name="demo", output_dir="runs/demo"))
     corpus_chars: int = Field(600_000, gt=10_000, description="How much docstring text to extract.")
     tokenizer: TokenizerSection = Field(default_factory=lambda: TokenizerSection(vocab_size=3000))
-    data: DataSection = Field(default_factory=lambda: DataSection(format="blocks", max_seq_length=128,
+    data: DataSection = Field(default_factory=lambda: DataSection(format="blocks", max_seq_length=64,
                                                                   output="data/prepared", eval_fraction=0.05))
     masking: MaskingSection = Field(default_factory=MaskingSection)
     model: ModelSection = Field(default_factory=ModelSection)
     scaling: ScalingSection = Field(default_factory=lambda: ScalingSection(num_workers=2, cpus_per_worker=0.5))
     train: TrainSection = Field(default_factory=lambda: TrainSection(
-        max_steps=300, warmup_steps=30, batch_size=16, learning_rate=2e-3, log_every=20, eval_every=100,
-        checkpoint_every=100, eval_batches=10))
+        max_steps=150, warmup_steps=15, batch_size=16, learning_rate=2e-3, log_every=10, eval_every=50,
+        checkpoint_every=50, eval_batches=10))
+    finetune_steps: int = Field(60, gt=0)
+    student_layers: int = Field(1, gt=0, description="Layers of the distilled student (the teacher has the "
+                                                     "preset's).")
+    sweep_trials: int = Field(3, ge=0, description="Trials of the closing fine-tuning sweep; 0 skips it.")
     tracking: TrackingSection = Field(default_factory=lambda: TrackingSection(experiment="albert-dist-demo"))
+
+
+def write_classification_task(corpus: Path, path: Path, per_class: int = 400, seed: int = 0) -> Path:
+    """Sentences of the corpus labelled by what they document (`returns`, `raises` or `other`), balanced."""
+    from albert_dist.data.sentences import split_sentences
+
+    sentences = [s for block in corpus.read_text(encoding="utf-8").split("\n\n") for s in split_sentences(block)]
+    by_label: dict[str, list[str]] = {label: [] for label in [*TASK_CUES, "other"]}
+    for sentence in sentences:
+        label = next((name for name, cue in TASK_CUES.items() if cue.search(sentence)), "other")
+        by_label[label].append(sentence[:300])
+    rng = random.Random(seed)
+    size = min(per_class, *(len(v) for v in by_label.values()))
+    rows = [(text, label) for label, texts in by_label.items() for text in rng.sample(texts, size)]
+    rng.shuffle(rows)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+    tmp.replace(path)
+    return path
 
 
 def run_demo(cfg: DemoJobConfig) -> int:
     from albert_dist.config import resolve_path
     from albert_dist.data.prepare import run_prepare
     from albert_dist.demo_corpus import write_stdlib_corpus
-    from albert_dist.pretrain import run_pretrain
+    from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
+    from albert_dist.finetune.distill import distill
+    from albert_dist.finetune.job import finetune
+    from albert_dist.pretrain import pretrain
     from albert_dist.ray_init import ensure_ray
+    from albert_dist.tracking import ui_hint
 
     root = resolve_path(cfg.run.output_dir)
     corpus = write_stdlib_corpus(root / "corpus" / "stdlib_docstrings.txt", cfg.corpus_chars)
-    print(f"[1/2] corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB of standard-library docstrings)")
+    print(f"[1/6] corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB of standard-library docstrings)")
     ensure_ray()
     run = cfg.run.model_copy(update={"output_dir": str(root)})
     data = cfg.data.model_copy(update={"inputs": [str(corpus)]})
+    print("[2/6] preparing the corpus with Ray Data")
     run_prepare(DataJobConfig(run=run, data=data, tokenizer=cfg.tokenizer, masking=cfg.masking))
-    print("[2/2] pretraining")
-    run_pretrain(PretrainJobConfig(run=run, model=cfg.model, data=data, masking=cfg.masking, scaling=cfg.scaling,
-                                   train=cfg.train, tracking=cfg.tracking))
+
+    print("[3/6] pretraining")
+    pre = pretrain(PretrainJobConfig(run=run, model=cfg.model, data=data, masking=cfg.masking, scaling=cfg.scaling,
+                                     train=cfg.train, tracking=cfg.tracking))
+
+    print("[4/6] fine-tuning on a classification task built from the corpus (returns / raises / other)")
+    task_file = write_classification_task(corpus, root / "corpus" / "docstring_sentences.csv")
+    ft_train = {"max_steps": cfg.finetune_steps, "warmup_steps": cfg.finetune_steps // 10, "batch_size": 16,
+                "learning_rate": 1e-3, "log_every": 10, "eval_every": 20, "checkpoint_every": cfg.finetune_steps}
+    shared = {"data": {"train": str(task_file), "max_seq_length": 64, "dev_fraction": 0.2},
+              "scaling": cfg.scaling.model_dump(), "tracking": cfg.tracking.model_dump()}
+    ft_cfg = FinetuneJobConfig.model_validate({
+        **shared, "run": {"name": "demo-finetune", "output_dir": str(root)},
+        "model": {"init_from": str(pre.model_dir)}, "finetune": {"epochs": None}, "train": ft_train})
+    ft = finetune(ft_cfg)
+
+    print(f"[5/6] distilling into a {cfg.student_layers}-layer student")
+    ds = distill(DistillJobConfig.model_validate({
+        **shared, "run": {"name": "demo-distill", "output_dir": str(root)},
+        "distill": {"teacher": str(ft.model_dir), "speed_repeats": 5},
+        "student": {"num_hidden_layers": cfg.student_layers}, "finetune": {"epochs": None},
+        "train": {**ft_train, "learning_rate": 2e-3}}))
+
+    sweep_table = _sweep(cfg, ft_cfg, root) if cfg.sweep_trials else None
+    _summary(pre, ft, ds, sweep_table, ui_hint(pre.tracking_uri))
     return 0
+
+
+def _sweep(cfg: DemoJobConfig, ft_cfg, root: Path) -> str:
+    from albert_dist.tune.config import FinetuneTuneConfig
+    from albert_dist.tune.report import table
+    from albert_dist.tune.sweep import run_sweep
+
+    print(f"[6/6] a {cfg.sweep_trials}-trial fine-tuning sweep with Ray Tune")
+    tune_cfg = FinetuneTuneConfig.model_validate({
+        "job": ft_cfg.model_dump(), "run": {"name": "demo-sweep", "output_dir": str(root / "sweeps")},
+        "search_space": {"train.learning_rate": {"loguniform": [3e-4, 3e-3]},
+                         "finetune.layer_lr_decay": {"uniform": [0.7, 1.0]}},
+        "num_samples": cfg.sweep_trials, "max_concurrent_trials": 1,
+        "resources_per_trial": {"num_workers": 1, "cpu": 1.0}})
+    return table(run_sweep(tune_cfg).rows)
+
+
+def _summary(pre, ft, ds, sweep_table: str | None, ui: str) -> None:
+    m = ds.metrics
+    print("\n=== albert-dist demo: results ===")
+    print(f"pretraining   eval MLM accuracy {pre.metrics.get('eval_mlm_accuracy', float('nan')):.3f}, "
+          f"eval SOP accuracy {pre.metrics.get('eval_sop_accuracy', float('nan')):.3f}  → {pre.model_dir}")
+    print(f"{'':14}{'teacher (fine-tuned)':>24}{'student (distilled)':>24}")
+    print(f"{'dev accuracy':14}{m['teacher_dev_accuracy']:>24.3f}{m['student_dev_accuracy']:>24.3f}")
+    print(f"{'parameters':14}{m['teacher_parameters'] / 1e6:>23.2f}M{m['student_parameters'] / 1e6:>23.2f}M")
+    print(f"{'sequences/s':14}{m['teacher_sequences_per_s']:>24.0f}{m['student_sequences_per_s']:>24.0f}")
+    print(f"student keeps {100 * m['student_share_of_teacher']:.1f}% of the teacher's accuracy, "
+          f"{m['speedup']:.2f}x faster  → {ds.model_dir}")
+    if sweep_table:
+        print("\nfine-tuning sweep:\n" + sweep_table)
+    print(f"\nMLflow: {ft.tracking_uri}\nMLflow UI: {ui}")
