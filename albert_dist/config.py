@@ -136,6 +136,9 @@ class TrainSection(Section):
     checkpoint_every: int = Field(200, gt=0)
     keep_checkpoints: int = Field(3, ge=1)
     max_failures: int = Field(2, ge=-1, description="Worker restarts from the latest checkpoint; -1 = unlimited.")
+    resource_wait_attempts: int = Field(30, ge=-1, description="Attempts (about a minute each) to get the "
+                                                               "workers' resources back after a node is lost "
+                                                               "before the run fails; -1 = wait forever.")
     max_nonfinite_steps: int = Field(20, ge=1, description="Consecutive non-finite losses before the run stops.")
     activation_checkpointing: bool = False
     compile: bool = False

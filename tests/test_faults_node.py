@@ -1,4 +1,5 @@
-"""A node removed from a running cluster: training continues from the last checkpoint once a node is back.
+"""A node removed from a running cluster: training continues from the last checkpoint once a node is back, and
+fails with a clear message in bounded time when none comes back.
 
 `ray.cluster_utils.Cluster` is a Ray of its own (head + worker node processes), so it runs in a subprocess, apart
 from the session's in-process Ray: `python tests/test_faults_node.py ROOT` is that subprocess. The head has no CPU,
@@ -37,7 +38,7 @@ def slow_keyword_task(_: dict):
     return Slow()
 
 
-def replace_node_after_first_checkpoint(cluster, node, storage: Path, timeout: float = 300) -> None:
+def replace_node_after_first_checkpoint(cluster, node, storage: Path, comes_back: bool, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while not any(storage.glob("*/checkpoint_*/manifest.json")):
         if time.time() > deadline:
@@ -45,17 +46,19 @@ def replace_node_after_first_checkpoint(cluster, node, storage: Path, timeout: f
         time.sleep(0.2)
     cluster.remove_node(node, allow_graceful=False)
     print("node removed", flush=True)
-    time.sleep(5)
-    cluster.add_node(num_cpus=1)
-    print("node added", flush=True)
+    if comes_back:
+        time.sleep(5)
+        cluster.add_node(num_cpus=1)
+        print("node added", flush=True)
 
 
-def main(root: Path) -> None:
+def main(root: Path, comes_back: bool) -> None:
     """Training runs in a thread; the main thread changes the nodes (Ray starts a node from the main thread only)."""
     import ray
     from ray.cluster_utils import Cluster
 
     from albert_dist.config import ScalingSection, TrainSection
+    from albert_dist.errors import AlbertDistError
     from albert_dist.train.ray_runner import run_training
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
@@ -63,43 +66,53 @@ def main(root: Path) -> None:
     ray.init(address=cluster.address, log_to_driver=True)
     storage = root / "ray"
     train = TrainSection(max_steps=MAX_STEPS, warmup_steps=2, log_every=10, eval_every=10, checkpoint_every=10,
-                         precision="fp32", optimizer="adamw", learning_rate=2e-3, max_failures=2)
+                         precision="fp32", optimizer="adamw", learning_rate=2e-3, max_failures=2,
+                         resource_wait_attempts=-1 if comes_back else 1)
 
     def fit() -> None:
-        result = run_training(name="node", storage_path=storage, task_factory="test_faults_node:slow_keyword_task",
-                              task_config={}, train=train, scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
-                              seed=0)
+        try:
+            result = run_training(name="node", storage_path=storage, task_config={}, train=train,
+                                  task_factory="test_faults_node:slow_keyword_task",
+                                  scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
+        except AlbertDistError as err:
+            print(f"ERROR {err}", flush=True)
+            return
         print("RESULT " + json.dumps({"step": result.metrics["step"]}), flush=True)
 
     training = threading.Thread(target=fit)
     training.start()
     try:
-        replace_node_after_first_checkpoint(cluster, node, storage)
+        replace_node_after_first_checkpoint(cluster, node, storage, comes_back)
         training.join()
     finally:
         ray.shutdown()
         cluster.shutdown()
 
 
-def test_training_survives_a_removed_node(tmp_path):
+@pytest.mark.parametrize("comes_back", [True, False], ids=["node-returns", "node-never-returns"])
+def test_training_survives_a_removed_node(tmp_path, comes_back):
     # Its own Ray temp dir: a Cluster announces itself in $RAY_TMPDIR/ray/ray_current_cluster, where any other
     # ray.init() on the machine would find it. Short, for the socket paths.
     ray_tmp = tempfile.mkdtemp(prefix="rn-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # not the session's Ray
     env.update(PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]), RAY_TMPDIR=ray_tmp,
-               RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30")
+               RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30" if comes_back else "10")
     try:
-        run = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env, capture_output=True, text=True,
-                             timeout=600)
+        run = subprocess.run([sys.executable, __file__, str(tmp_path), str(comes_back)], env=env,
+                             capture_output=True, text=True, timeout=600)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     out = run.stdout + run.stderr
     (tmp_path / "output.txt").write_text(out)
     assert run.returncode == 0, out[-6000:]
-    assert "node removed" in out and "node added" in out, out[-6000:]
-    assert "resumed from" in out, out[-6000:]
-    assert f'RESULT {{"step": {MAX_STEPS}}}' in out
+    assert "node removed" in out, out[-6000:]
+    if comes_back:
+        assert "node added" in out and "resumed from" in out, out[-6000:]
+        assert f'RESULT {{"step": {MAX_STEPS}}}' in out
+    else:  # a clear message in bounded time, the checkpoint kept for a later relaunch
+        assert "ERROR training 'node' could not get its workers' resources back" in out, out[-6000:]
+        assert any((tmp_path / "ray" / "node").glob("checkpoint_*/manifest.json"))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] == "True")

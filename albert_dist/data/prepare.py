@@ -10,7 +10,6 @@ Everything is built in a staging directory next to the output and renamed into p
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, Docum
                                       document_sentences, summarize_counts)
 from albert_dist.data.readers import filesystem, read_documents, resolve_inputs
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
+from albert_dist.files import sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -268,14 +268,6 @@ def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, su
         "summary": summary,
     }
     (stage / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager

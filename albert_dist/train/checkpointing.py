@@ -11,7 +11,6 @@ anything else, so a half-written or corrupted checkpoint is never resumed from.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -21,18 +20,11 @@ from typing import Any
 import torch
 
 from albert_dist.errors import CheckpointError
+from albert_dist.files import sha256_file
 
 MANIFEST = "manifest.json"
 STATE_FILE = "training_state.pt"
 MODEL_DIR = "model"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_atomic_bytes(path: Path, data: bytes | memoryview) -> None:

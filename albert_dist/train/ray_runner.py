@@ -16,11 +16,16 @@ import ray
 import ray.train
 import ray.train.torch
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.v2.api.exceptions import ControllerError
 
 from albert_dist.config import ScalingSection, TrainSection
 from albert_dist.errors import AlbertDistError, CheckpointError
 from albert_dist.train import checkpointing
 from albert_dist.train.loop import Trainer, WorkerEnv
+
+
+class TrainingStalled(AlbertDistError):
+    """The cluster never gave the workers their resources back (a lost node that did not return)."""
 
 
 class TrainingDiverged(AlbertDistError):
@@ -64,12 +69,19 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
         scaling_config=scaling_config(scaling),
         run_config=RunConfig(name=name, storage_path=str(storage_path),
                              checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
-                             failure_config=FailureConfig(max_failures=train.max_failures),
+                             failure_config=FailureConfig(max_failures=train.max_failures,
+                                                          controller_failure_limit=train.resource_wait_attempts),
                              callbacks=callbacks or None),
         datasets=datasets or None,
         dataset_config=DataConfig(datasets_to_split="all" if split_datasets else [], execution_options=options),
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except ControllerError as err:
+        raise TrainingStalled(f"training {name!r} could not get its workers' resources back "
+                              f"({train.resource_wait_attempts} attempts: {err.controller_failure}); the last "
+                              f"checkpoint is kept in {storage_path / name}: relaunch the same run.name to resume "
+                              f"once the cluster has {scaling.num_workers} worker slot(s) again") from None
     metrics = dict(result.metrics or {})
     if metrics.get("diverged"):
         raise TrainingDiverged(str(metrics.get("message", "training diverged")))
