@@ -7,6 +7,8 @@ import os
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Always a private Ray for the session: never attach to a cluster another test (or person) started on the machine.
+os.environ["RAY_ADDRESS"] = "local"
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
