@@ -109,18 +109,19 @@ class MetricsLogger:
     """Rank 0's metric logger: logs batches, buffers them while the tracking server is unreachable.
 
     After a restart from a checkpoint, the steps between that checkpoint and the crash are trained again; their
-    metrics were logged already (throughput, at least, differs the second time), so steps up to the last one
-    already in the run (`resume_after`) are not logged again.
+    metrics were logged already (throughput, at least, differs the second time), so with `skip_replayed` the
+    training loop's logger does not log steps up to the last one already in the run (`resume_after`) again.
     """
 
-    def __init__(self, tracking_uri: str, run_id: str, max_buffer: int = 100_000, progress_metric: str = "loss"):
+    def __init__(self, tracking_uri: str, run_id: str, max_buffer: int = 100_000, skip_replayed: bool = False,
+                 progress_metric: str = "loss"):
         self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
         self.pending: list[Any] = []
         self._warned = False
         # MLflow's default retries back off for minutes: a down server must cost a training step seconds at most
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        self.resume_after = self._last_logged_step(progress_metric)
+        self.resume_after = self._last_logged_step(progress_metric) if skip_replayed else -1
 
     def _last_logged_step(self, metric: str) -> int:
         try:

@@ -34,3 +34,22 @@ def stdlib_corpus(tmp_path_factory):
     from albert_dist.demo_corpus import write_stdlib_corpus
 
     return write_stdlib_corpus(tmp_path_factory.mktemp("corpus") / "stdlib.txt", max_chars=600_000)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_leftover_placement_groups():
+    """Remove placement groups that earlier test modules' trainers left in the session's Ray.
+
+    A trial stopped by Tune's scheduler or a worker group torn down by a fault can leave its placement group
+    reserved when Ray Train's cleaner cannot reach the state API (no dashboard in tests); the CPUs it holds
+    would starve the next module's Ray Data and Ray Train. Nothing of an earlier module runs any more here.
+    """
+    import ray
+
+    if ray.is_initialized():
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        for pg_id, info in ray.util.placement_group_table().items():
+            if info.get("state") == "CREATED":
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+    yield

@@ -1,13 +1,16 @@
-"""Pretraining end to end: Ray Data → Ray Train (2 DDP workers) → MLflow, and resume after the job is killed."""
+"""Pretraining end to end: Ray Data → Ray Train (2 DDP workers) → MLflow; exact resume after faults injected for
+real (the driver killed, a worker SIGKILLed, the latest checkpoint corrupted)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -97,55 +100,125 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     assert (outcome.best_model_dir / "model.safetensors").is_file()
 
 
-def _launch(root: Path, name: str, steps: int) -> subprocess.Popen:
+# Runs compared for exact resume: 30 steps, a checkpoint every 10, evaluation at the end.
+RESUME_STEPS = 30
+RESUME_OVERRIDES = ["train.checkpoint_every=10", "train.eval_every=30", "train.keep_checkpoints=3"]
+
+
+def resume_run(root: Path, name: str, *extra: str):
+    from albert_dist.pretrain import pretrain
+
+    overrides = pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES + list(extra)
+    return pretrain(load_config(PretrainJobConfig, None, overrides))
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "model" / "model.safetensors")
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    return [p for p in run_dir.glob("ray/*/checkpoint_*") if (p / "manifest.json").is_file()]
+
+
+@pytest.fixture(scope="module")
+def baseline(prepared):
+    """An uninterrupted run: what every interrupted run must end with, bit for bit."""
+    resume_run(prepared, "baseline")
+    return final_weights(prepared / "baseline")
+
+
+def _launch(root: Path, name: str) -> subprocess.Popen:
     """`albert-dist pretrain` as its own driver process, attached to the test session's Ray cluster."""
     import ray
 
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
     args = [sys.executable, "-m", "albert_dist.cli", "pretrain"]
-    for item in pretrain_overrides(root, name, steps) + ["train.checkpoint_every=10", "train.eval_every=40"]:
+    for item in pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES:
         args += ["--set", item]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
 
-def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen | None = None, timeout: float = 300) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if any((p / "manifest.json").exists() for p in run_dir.glob("ray/*/checkpoint_*")):
-            return
-        assert process.poll() is None, process.stdout.read()
-        time.sleep(1)
-    pytest.fail("no checkpoint appeared")
+        if checkpoints(run_dir):
+            return True
+        assert process is None or process.poll() is None, process.stdout.read()
+        time.sleep(0.5)
+    return False
 
 
-def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, ray_session):
-    steps = 40
-    full = _launch(prepared, "uninterrupted", steps)
-    out, _ = full.communicate(timeout=600)
-    assert full.returncode == 0, out
+def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline, ray_session):
+    from mlflow.tracking import MlflowClient
 
-    victim = _launch(prepared, "killed", steps)
-    _wait_for_checkpoint(prepared / "killed", victim)
+    victim = _launch(prepared, "killed")
+    assert _wait_for_checkpoint(prepared / "killed", victim), "no checkpoint appeared"
     os.killpg(victim.pid, signal.SIGKILL)  # the driver: Ray then ends its trainer and workers
     victim.wait()
     assert not (prepared / "killed" / "model").exists()
 
-    again = _launch(prepared, "killed", steps)
+    again = _launch(prepared, "killed")
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out
-    assert re.search(r"resumed from .* at step (10|20|30)", out), out
-
-    a = load_file(prepared / "uninterrupted" / "model" / "model.safetensors")
-    b = load_file(prepared / "killed" / "model" / "model.safetensors")
-    assert a.keys() == b.keys()
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
-    from mlflow.tracking import MlflowClient
+    assert re.search(r"resumed from .* at step (10|20)", out), out
+    assert_same_weights(baseline, final_weights(prepared / "killed"))
 
     client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
     runs = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id,
                               filter_string="attributes.run_name = 'killed'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    steps_logged = [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")]
-    assert max(steps_logged) == steps
+    assert max(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")) == RESUME_STEPS
+
+
+def train_worker_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.fixture(scope="module")
+def faulted(prepared, baseline):
+    """A run one of whose training workers is SIGKILLed (from outside, by pid) after the first checkpoint."""
+    killed: list[int] = []
+
+    def kill_a_worker() -> None:
+        if _wait_for_checkpoint(prepared / "faulted") and (pids := train_worker_pids()):
+            os.kill(pids[-1], signal.SIGKILL)
+            killed.append(pids[-1])
+
+    killer = threading.Thread(target=kill_a_worker)
+    killer.start()
+    outcome = resume_run(prepared, "faulted", "train.max_failures=2")
+    killer.join()
+    return outcome, killed
+
+
+def test_killed_worker_is_restarted_from_the_checkpoint(prepared, baseline, faulted):
+    from mlflow.tracking import MlflowClient
+
+    outcome, killed = faulted
+    assert killed, "no worker was killed"
+    assert outcome.metrics["step"] == RESUME_STEPS
+    assert_same_weights(baseline, final_weights(prepared / "faulted"))
+    client = MlflowClient(outcome.tracking_uri)
+    for metric in ("loss", "tokens_per_s", "eval_sop_accuracy"):
+        steps = [m.step for m in client.get_metric_history(outcome.run_id, metric)]
+        assert steps and len(steps) == len(set(steps)), f"{metric} logged twice at some step: {sorted(steps)}"
+
+
+def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseline, faulted, capfd):
+    latest = max(checkpoints(prepared / "faulted"), key=lambda p: json.loads((p / "manifest.json").read_text())["step"])
+    state = latest / "training_state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # truncated
+
+    outcome = resume_run(prepared, "faulted", "train.max_failures=2")
+    out = capfd.readouterr().out
+    assert "does not match its checksum" in out and "previous good checkpoint" in out
+    assert outcome.metrics["step"] == RESUME_STEPS
+    assert_same_weights(baseline, final_weights(prepared / "faulted"))

@@ -77,7 +77,7 @@ def test_metrics_survive_a_tracking_outage(server, tmp_path, capsys, monkeypatch
     assert "flushed" in capsys.readouterr().out
 
     # a restarted worker continues the run without logging the replayed steps again
-    restarted = tracking.MetricsLogger(server["uri"], run_id)
+    restarted = tracking.MetricsLogger(server["uri"], run_id, skip_replayed=True)
     restarted({"loss": 9.9}, 3)
     restarted({"loss": 0.5}, 5)
     steps = sorted(m.step for m in tracking._client(server["uri"]).get_metric_history(run_id, "loss"))

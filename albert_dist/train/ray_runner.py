@@ -98,7 +98,7 @@ def _train_worker(config: dict[str, Any]) -> None:
     if config["tracking"] and rank == 0:
         from albert_dist.tracking import MetricsLogger
 
-        logger = MetricsLogger(*config["tracking"])
+        logger = MetricsLogger(*config["tracking"], skip_replayed=True)
     env = WorkerEnv(rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
                     wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
                     best_model_dir=Path(config["best_model_dir"]) if config["best_model_dir"] else None,
