@@ -13,6 +13,17 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `heavy` (their own Ray clusters, network hosts, killed sweeps: ~15 more minutes and sensitive to
+    other Ray instances on the machine) run only with ALBERT_DIST_HEAVY_TESTS=1."""
+    if os.environ.get("ALBERT_DIST_HEAVY_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="heavy: set ALBERT_DIST_HEAVY_TESTS=1 to run it")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray with the machine's 2 CPUs, started once for the whole test session."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import prepare_args, pretrain_args, sets
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -167,7 +167,7 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
     again = _launch(prepared, "killed")
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out
-    assert re.search(r"resumed from .* at step (10|20)", out), out
+    assert re.search(r"resumed from .* at step (10|20|30)", out), out
     assert_same_weights(baseline, final_weights(prepared / "killed"))
 
     client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
@@ -212,13 +212,12 @@ def test_killed_worker_is_restarted_from_the_checkpoint(prepared, baseline, faul
         assert steps and len(steps) == len(set(steps)), f"{metric} logged twice at some step: {sorted(steps)}"
 
 
-def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseline, faulted, capfd):
+def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseline, faulted):
     latest = max(checkpoints(prepared / "faulted"), key=lambda p: json.loads((p / "manifest.json").read_text())["step"])
     state = latest / "training_state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # truncated
 
     outcome = resume_run(prepared, "faulted", "train.max_failures=2")
-    out = capfd.readouterr().out
-    assert "does not match its checksum" in out and "previous good checkpoint" in out
+    assert outcome.metrics["resumed_from_step"] == RESUME_STEPS - 10  # the checkpoint before the corrupted one
     assert outcome.metrics["step"] == RESUME_STEPS
     assert_same_weights(baseline, final_weights(prepared / "faulted"))

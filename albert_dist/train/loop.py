@@ -174,6 +174,7 @@ class Trainer:
                     metrics["stopped_early"] = 1.0
             if last or stop:
                 metrics["replicas_identical"] = float(self.replicas_identical())
+                metrics["resumed_from_step"] = float(start_step if self.env.resume_dir is not None else -1)
             if evaluate or checkpoint:
                 self._report(metrics, checkpoint or stop)
             if stop:

@@ -64,7 +64,7 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     trainer = ray.train.torch.TorchTrainer(
         _train_worker,
         train_loop_config={"task_factory": task_factory, "task_config": task_config, "train": train.model_dump(),
-                           "seed": seed, "tracking": tracking,
+                           "seed": seed, "tracking": tracking, "storage_dir": str(storage_path / name),
                            "best_model_dir": str(best_model_dir) if best_model_dir else None},
         scaling_config=scaling_config(scaling),
         run_config=RunConfig(name=name, storage_path=str(storage_path),
@@ -102,7 +102,8 @@ def _train_worker(config: dict[str, Any]) -> None:
     env = WorkerEnv(rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
                     wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
                     best_model_dir=Path(config["best_model_dir"]) if config["best_model_dir"] else None,
-                    resume_dir=resume_directory(ray.train.get_checkpoint(), print if rank == 0 else _silent))
+                    resume_dir=resume_directory(ray.train.get_checkpoint(), Path(config["storage_dir"]),
+                                                print if rank == 0 else _silent))
     train = TrainSection.model_validate(config["train"])
     result = Trainer(task, train, env, seed=config["seed"]).fit()
     if logger is not None:
@@ -120,28 +121,31 @@ def _silent(_: str) -> None:
     pass
 
 
-def resume_directory(checkpoint: "ray.train.Checkpoint | None",
+def resume_directory(checkpoint: "ray.train.Checkpoint | None", storage_dir: Path,
                      say: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint that passes its checksums, starting from the one Ray hands back.
+    """The newest checkpoint of the run that passes its checksums, starting from the one Ray hands back.
 
     A checkpoint that fails verification (truncated, corrupted) is skipped with a message naming it, and the
-    previous one of the same run is used instead.
+    previous one of the same run is used instead. A complete checkpoint that Ray had not registered yet when the
+    driver died (its manifest is written before Ray records it) is used too.
     """
-    if checkpoint is None:
-        return None
-    latest = Path(checkpoint.path)
-    siblings = [p for p in latest.parent.glob("checkpoint_*") if p.is_dir() and p != latest]
-    candidates = [latest] + sorted(siblings, key=_checkpoint_step, reverse=True)
+    latest = Path(checkpoint.path) if checkpoint is not None else None
+    siblings = [p for p in storage_dir.glob("checkpoint_*") if p.is_dir() and p != latest]
+    candidates = ([latest] if latest else []) + sorted(siblings, key=_checkpoint_step, reverse=True)
+    if latest is not None and candidates[1:] and _checkpoint_step(candidates[1]) > _checkpoint_step(latest):
+        candidates.insert(0, candidates.pop(1))  # a newer complete one than Ray's record
     for candidate in candidates:
         try:
             checkpointing.verify_manifest(candidate)
         except CheckpointError as err:
             say(f"warning: {err}; trying the previous checkpoint")
             continue
-        if candidate != latest:
+        if latest is not None and _checkpoint_step(candidate) < _checkpoint_step(latest):
             say(f"resuming from the previous good checkpoint {candidate}")
         return candidate
-    raise CheckpointError(f"no valid checkpoint under {latest.parent}: every one failed its checksums")
+    if not candidates:
+        return None
+    raise CheckpointError(f"no valid checkpoint under {storage_dir}: every one failed its checksums")
 
 
 def _checkpoint_step(path: Path) -> int:
