@@ -155,7 +155,6 @@ def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen | None = None,
     return False
 
 
-@pytest.mark.heavy  # its last fix (unregistered checkpoints, resumed_from_step) is not yet re-run
 def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline, ray_session):
     from mlflow.tracking import MlflowClient
 
@@ -213,7 +212,6 @@ def test_killed_worker_is_restarted_from_the_checkpoint(prepared, baseline, faul
         assert steps and len(steps) == len(set(steps)), f"{metric} logged twice at some step: {sorted(steps)}"
 
 
-@pytest.mark.heavy  # its last fix (unregistered checkpoints, resumed_from_step) is not yet re-run
 def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseline, faulted):
     latest = max(checkpoints(prepared / "faulted"), key=lambda p: json.loads((p / "manifest.json").read_text())["step"])
     state = latest / "training_state.pt"
