@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.errors import AlbertDistError
+from albert_dist.ray_init import WORKER_ENV
 from albert_dist.tracking import is_secret_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +92,7 @@ def runtime_env(output_root: str, env: os._Environ | dict[str, str] = os.environ
     cloud keys are never sent with a job: the cluster's nodes have them in their own environment.
     """
     forwarded = {k: v for k, v in env.items() if k.startswith("MLFLOW_TRACKING_") and not is_secret_name(k)}
-    forwarded |= {"ALBERT_DIST_HOME": output_root, "PYTHONUNBUFFERED": "1"}
+    forwarded |= {"ALBERT_DIST_HOME": output_root, "PYTHONUNBUFFERED": "1", **WORKER_ENV}
     return {"working_dir": str(REPO_ROOT), "excludes": WORKING_DIR_EXCLUDES, "env_vars": forwarded}
 
 
@@ -107,6 +108,8 @@ def submit(kind: str, config: str | None, overrides: list[str], address: str | N
         raise AlbertDistError(f"the output root must be absolute (a path every node sees), got {root!r}")
     jobs = client(address)
     command = entrypoint(kind, config, overrides)
+    if name:
+        name = unused_submission_id(jobs, name)
     submission_id = jobs.submit_job(entrypoint=command, runtime_env=runtime_env(root), submission_id=name,
                                     metadata={"albert_dist.job": kind})
     print(f"submitted {submission_id}: {command}", flush=True)
@@ -117,6 +120,33 @@ def submit(kind: str, config: str | None, overrides: list[str], address: str | N
     if not follow:
         return 0
     return follow_logs(jobs, submission_id)
+
+
+def unused_submission_id(jobs, name: str) -> str:
+    """`name`, or `name-2`, `name-3`… when jobs of that name have ended, so a stopped or failed job can be
+    submitted again under its name (its run resumes from its checkpoints: that is keyed by run.name) while the
+    earlier attempts keep their logs. A job of that name still running is an error: two drivers would share a run.
+    """
+    candidate, attempt = name, 1
+    while (state := _job_status(jobs, candidate)) is not None:
+        if state not in TERMINAL:
+            raise AlbertDistError(f"job {candidate} is still {state}: stop it first "
+                                  f"(albert-dist jobs stop {candidate}) or submit under another --name")
+        attempt += 1
+        candidate = f"{name}-{attempt}"
+    if candidate != name:
+        print(f"job {name} already ran; submitting this attempt as {candidate}", flush=True)
+    return candidate
+
+
+def _job_status(jobs, submission_id: str) -> str | None:
+    """The job's status, or None when the cluster has no job of that id."""
+    try:
+        return str(jobs.get_job_info(submission_id).status.value)
+    except RuntimeError as err:  # the dashboard answers 404 for an unknown id
+        if "does not exist" in str(err) or "404" in str(err):
+            return None
+        raise
 
 
 def follow_logs(jobs, submission_id: str) -> int:

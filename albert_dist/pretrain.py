@@ -140,9 +140,10 @@ def prepared_dir(cfg: PretrainJobConfig) -> Path:
 def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     from albert_dist.data.loading import load_prepared
     from albert_dist.ray_init import ensure_ray
-    from albert_dist.train.ray_runner import run_training
+    from albert_dist.train.ray_runner import quiet_data_progress, run_training
 
     ensure_ray()
+    quiet_data_progress()
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
     manifest = prepared.manifest
@@ -165,9 +166,6 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
         "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
         "manifest": manifest, "has_eval": prepared.eval is not None,
     }
-    from ray.data import DataContext
-
-    DataContext.get_current().enable_progress_bars = False  # a bar per worker and epoch would drown the log
     datasets = {"train": prepared.train, **({"eval": prepared.eval} if prepared.eval is not None else {})}
     best_dir = run_dir / "best_model"
     try:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 
 
+# Ray Train 2.60 sends a worker's print both to Ray's stdout wrapper and to its logger, so every progress line
+# would reach the console twice; with the redirection off it reaches it once, through Ray's usual log forwarding.
+WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+
+
 def ensure_ray() -> None:
     """Join the cluster named by $RAY_ADDRESS (set for Ray jobs and by `cluster/local` scripts), else start a
     private local Ray: never silently attach to some other cluster running on the machine."""
@@ -12,5 +17,7 @@ def ensure_ray() -> None:
 
     if ray.is_initialized():
         return
-    address = os.environ.get("RAY_ADDRESS") or "local"
-    ray.init(address=address, include_dashboard=False if address == "local" else None, configure_logging=False)
+    os.environ.update(WORKER_ENV)  # a local Ray's workers inherit it; jobs and cluster scripts set it themselves
+    # a local Ray gets its dashboard: Ray Train's placement-group cleaner asks the state API it serves whether the
+    # training controller is alive, and logs a warning every second while it cannot
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", configure_logging=False)

@@ -40,7 +40,7 @@ def prepare(root: Path, max_seq_length: int) -> Path:
     corpus = write_stdlib_corpus(root / "corpus.txt", max_chars=1_500_000)
     cfg = load_config(DataJobConfig, None, [f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=blocks",
                                             "data.output=prepared", f"data.max_seq_length={max_seq_length}",
-                                            "data.eval_fraction=0.01", "tokenizer.vocab_size=8000"])
+                                            "data.eval_fraction=0.01", "tokenizer.vocab_size=4000"])
     prepare_dataset(cfg)
     return root / "prepared"
 

@@ -6,11 +6,14 @@ import os
 
 import pytest
 
+from albert_dist import ray_init
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Always a private Ray for the session: never attach to a cluster another test (or person) started on the machine.
 os.environ["RAY_ADDRESS"] = "local"
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.update(ray_init.WORKER_ENV)  # the workers of the tests' Ray print as the commands' workers do
 
 
 def pytest_collection_modifyitems(config, items):

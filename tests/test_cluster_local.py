@@ -8,6 +8,7 @@ process talks to it only through subprocesses and HTTP.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -161,3 +163,56 @@ def _finetune_helpers():
     from finetune_helpers import single_rows, write_csv
 
     return single_rows, write_csv
+
+
+def test_stopped_job_resumes_when_submitted_again(cluster, stdlib_corpus):
+    """`albert-dist jobs stop` mid-run, then the same submission again: it runs as `<name>-2` and the training
+    resumes from the stopped run's latest checkpoint, in the same MLflow run."""
+    state, env = cluster
+    outputs = Path(env["ALBERT_DIST_HOME"])
+    if not (outputs / "runs" / "data" / "prepared" / "manifest.json").is_file():
+        submit(env, "prepare_data", *prepare_args(stdlib_corpus), "--name", "prepare-for-stop")
+    args = [*pretrain_args("stop-resume", steps=400), *sets("train.checkpoint_every=10", "train.log_every=10",
+                                                            "train.eval_every=400")]
+    cli = [str(BIN / "albert-dist")]
+    started = subprocess.run([*cli, "submit", "pretrain", *args, "--name", "pretrain-stop"], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+
+    storage = outputs / "runs" / "stop-resume" / "ray" / "stop-resume"
+    deadline = time.time() + 400
+    while not list(storage.glob("checkpoint_*/manifest.json")):
+        assert time.time() < deadline, "no checkpoint within 400 s"
+        time.sleep(1)
+    stopped = subprocess.run([*cli, "jobs", "stop", "pretrain-stop"], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert "stop requested" in stopped.stdout, stopped.stdout + stopped.stderr
+    while (status := subprocess.run([*cli, "jobs", "status", "pretrain-stop"], env=env, capture_output=True,
+                                    text=True, timeout=120)).returncode == 0:
+        assert time.time() < deadline + 120, status.stdout
+        time.sleep(1)
+    assert "STOPPED" in status.stdout, status.stdout
+    checkpointed = max(json.loads(m.read_text())["step"] for m in storage.glob("checkpoint_*/manifest.json"))
+    assert checkpointed < 400
+
+    out = submit(env, "pretrain", *args, "--name", "pretrain-stop", timeout=900)
+    assert "submitting this attempt as pretrain-stop-2" in out
+    resumed = [int(step) for step in re.findall(r"resumed from \S+ at step (\d+)", out)]
+    assert resumed and resumed[0] >= checkpointed, out[-3000:]
+    assert "pretrain-stop-2 SUCCEEDED" in out
+    final = json.loads((outputs / "runs" / "stop-resume" / "model" / "config.json").read_text())
+    assert final["hidden_size"] == 64
+
+    from mlflow.tracking import MlflowClient
+
+    os.environ.update({k: env[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")})
+    try:
+        client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+        runs = client.search_runs([client.get_experiment_by_name("albert-pretrain").experiment_id],
+                                  filter_string="attributes.run_name = 'stop-resume'")
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")]
+        assert len(steps) == len(set(steps)) and max(steps) == 400
+    finally:
+        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(k, None)

@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from albert_dist.config import DataJobConfig
-from albert_dist.data import MaskingCollator, batch_rng, iter_rank_batches, load_prepared, prepare_dataset, rank_shard
-from albert_dist.data.loading import batches_per_rank
+from albert_dist.data import MaskingCollator, batch_rng, load_prepared, prepare_dataset
 from albert_dist.errors import DataError
+from albert_dist.train.feed import rank_batches
 from test_data_support import chinese_corpus, english_tokenizer  # noqa: F401 - fixtures
 
 
@@ -65,12 +65,9 @@ def test_same_seed_same_shards(english, tmp_path):
             assert pq.read_table(a).equals(pq.read_table(b))
 
 
-def test_rank_shards_are_disjoint_and_cover(english):
+def test_ray_train_split_is_disjoint_and_covers(english):
     _, summary, data = english
     world = 3
-    shares = [set(rank_shard(data.train, r, world).to_pandas()["instance_id"]) for r in range(world)]
-    assert sum(map(len, shares)) == summary["train_instances"]
-    assert set().union(*shares) == set(range(summary["train_instances"]))
     # streaming_split's iterators must be consumed concurrently, as Ray Train's workers do.
     with ThreadPoolExecutor(world) as pool:
         split = list(pool.map(lambda it: {i for b in it.iter_batches(batch_format="numpy") for i in b["instance_id"]},
@@ -79,19 +76,27 @@ def test_rank_shards_are_disjoint_and_cover(english):
     assert set().union(*split) == set(range(summary["train_instances"]))
 
 
-def test_iter_rank_batches_deterministic_disjoint_resumable(english):
-    _, _, data = english
-    world, size = 2, 32
-    def ids(rank, epoch, start=0):
-        return [b["instance_id"].tolist() for b in iter_rank_batches(data, rank=rank, world_size=world, batch_size=size,
-                                                                   epoch=epoch, seed=1, start_batch=start)]
-    r0, r1 = ids(0, 0), ids(1, 0)
-    assert len(r0) == len(r1) == batches_per_rank(data, "train", world, size) > 5
-    assert ids(0, 0) == r0 and ids(0, 0, start=3) == r0[3:]
-    assert ids(0, 1) != r0
+def test_rank_batches_are_disjoint_equal_and_repeatable(english):
+    """The pretraining feed: each rank's slice of the same seeded global batches (what exact resume relies on)."""
+    from ray.data import DataContext
+
+    _, summary, data = english
+    options = DataContext.get_current().execution_options
+    kept, options.preserve_order = options.preserve_order, True  # as the training workers run it
+    world, size = 2, 16
+    try:
+        def ids(rank, seed=1, limit=None):
+            return [b["instance_id"].tolist() for b in rank_batches(data.train, batch_size=size, rank=rank,
+                                                                   world_size=world, seed=seed, shuffle_buffer=64,
+                                                                   limit=limit)]
+        r0, r1 = ids(0), ids(1)
+        assert ids(0) == r0 and ids(0, limit=2) == r0[:2] and ids(0, seed=2) != r0
+    finally:
+        options.preserve_order = kept
+    assert len(r0) == len(r1) == summary["train_instances"] // (size * world) > 5
+    assert all(len(batch) == size for batch in r0 + r1)
     flat0, flat1 = sum(r0, []), sum(r1, [])
-    assert all(i % 2 == 0 for i in flat0) and all(i % 2 == 1 for i in flat1)
-    assert len(set(flat0)) == len(flat0)
+    assert len(set(flat0)) == len(flat0) and not set(flat0) & set(flat1)
 
 
 def test_load_errors(english, tmp_path):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from albert_dist.data.instances import InstanceSpec
-from albert_dist.data.loading import _numpy_column
 from albert_dist.data.process import DocumentProcessor, ProcessSettings
 
 _CJK_POOL = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处理"
@@ -51,3 +51,16 @@ def instance_batch(tokenizer, texts: list[str], max_seq_length: int = 128, **mas
     table = process({"doc_key": np.array([f"d{i}" for i in range(len(texts))], object),
                      "text": np.array(texts, object), "presplit": np.zeros(len(texts), bool)})
     return {name: _numpy_column(table.column(name)) for name in table.column_names}
+
+
+def _numpy_column(column: pa.ChunkedArray) -> np.ndarray:
+    """A list column as Ray Data's numpy batches hold it: an object array of per-row arrays."""
+    array = column.combine_chunks()
+    if not pa.types.is_list(array.type):
+        return array.to_numpy(zero_copy_only=False)
+    offsets = array.offsets.to_numpy()
+    values = array.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    out = np.empty(len(array), object)
+    for i, row in enumerate(np.split(values, offsets[1:-1] - offsets[0])):
+        out[i] = row  # element-wise: equal-length rows must not become one 2-D block
+    return out

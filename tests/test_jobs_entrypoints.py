@@ -95,7 +95,7 @@ def test_runtime_env_sends_the_checkout_and_no_secret():
     assert {".venv", "runs", ".git"} <= set(runtime["excludes"])
     assert runtime["env_vars"] == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
                                    "MLFLOW_TRACKING_USERNAME": "admin", "ALBERT_DIST_HOME": "/mnt/shared/out",
-                                   "PYTHONUNBUFFERED": "1"}
+                                   "PYTHONUNBUFFERED": "1", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     assert jobs_client.withheld_secrets(env) == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"]
 
 
@@ -148,3 +148,31 @@ def test_cli_registers_submit_and_jobs():
     for action in (["list"], ["status", "x"], ["stop", "x"], ["logs", "x", "--follow"]):
         assert build_parser().parse_args(["jobs", *action]).handler
     assert importlib.import_module("jobs._entry").main
+
+
+class RecordedJobs:
+    """The part of `JobSubmissionClient` that `unused_submission_id` reads, answering as the dashboard does."""
+
+    def __init__(self, statuses: dict[str, str], failure: str | None = None):
+        self.statuses, self.failure = statuses, failure
+
+    def get_job_info(self, submission_id: str):
+        from types import SimpleNamespace
+
+        if self.failure:
+            raise RuntimeError(f"Request failed with status code {self.failure}.")
+        if submission_id not in self.statuses:
+            raise RuntimeError(f"Request failed with status code 404: Job {submission_id} does not exist.")
+        return SimpleNamespace(status=SimpleNamespace(value=self.statuses[submission_id]))
+
+
+def test_a_name_that_already_ran_is_submitted_as_the_next_attempt(capsys):
+    assert jobs_client.unused_submission_id(RecordedJobs({}), "pretrain-1") == "pretrain-1"
+    ended = RecordedJobs({"pretrain-1": "STOPPED", "pretrain-1-2": "FAILED"})
+    assert jobs_client.unused_submission_id(ended, "pretrain-1") == "pretrain-1-3"
+    assert "submitting this attempt as pretrain-1-3" in capsys.readouterr().out
+    with pytest.raises(AlbertDistError, match="pretrain-1-2 is still RUNNING: stop it first"):
+        jobs_client.unused_submission_id(RecordedJobs({"pretrain-1": "STOPPED", "pretrain-1-2": "RUNNING"}),
+                                         "pretrain-1")
+    with pytest.raises(RuntimeError, match="500"):  # a dashboard error is not taken for "no such job"
+        jobs_client.unused_submission_id(RecordedJobs({}, failure="500: internal error"), "x")

@@ -109,8 +109,10 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_se
     config_file = tmp_path / "sweep.yaml"
     config_file.write_text(yaml.safe_dump(raw))
     sweep_dir = workspace / "sweeps" / "resumed"
+    # Tune saves its experiment state every few seconds here rather than on its adaptive period (which grows to
+    # minutes on a loaded machine), so the first finished trial is on record soon after it ends
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "TUNE_GLOBAL_CHECKPOINT_S": "2"}
     script = ("import sys; from albert_dist.config import load_config; from albert_dist.tune.config import "
               "FinetuneTuneConfig; from albert_dist.tune.sweep import run_sweep; "
               "run_sweep(load_config(FinetuneTuneConfig, sys.argv[1]))")

@@ -89,6 +89,14 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     return TrainingResult(metrics, checkpoint_dir, storage_path / name)
 
 
+def quiet_data_progress() -> None:
+    """No Ray Data progress bars in training: a bar per worker and evaluation would drown the progress lines.
+    Call it before creating the datasets handed to `run_training`: a dataset keeps the context it was made in."""
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = False
+
+
 def _train_worker(config: dict[str, Any]) -> None:
     module, _, function = config["task_factory"].partition(":")
     task = getattr(importlib.import_module(module), function)(config["task_config"])
