@@ -17,8 +17,8 @@ os.environ.update(ray_init.WORKER_ENV)  # the workers of the tests' Ray print as
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `heavy` (their own Ray clusters, network hosts, killed sweeps: ~15 more minutes and sensitive to
-    other Ray instances on the machine) run only with ALBERT_DIST_HEAVY_TESTS=1."""
+    """Tests marked `heavy` (their own Ray clusters and network hosts: ~15 more minutes and sensitive to other Ray
+    instances on the machine) run only with ALBERT_DIST_HEAVY_TESTS=1."""
     if os.environ.get("ALBERT_DIST_HEAVY_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="heavy: set ALBERT_DIST_HEAVY_TESTS=1 to run it")
@@ -50,13 +50,14 @@ def stdlib_corpus(tmp_path_factory):
     return write_stdlib_corpus(tmp_path_factory.mktemp("corpus") / "stdlib.txt", max_chars=600_000)
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def release_leftover_placement_groups():
-    """Remove placement groups that earlier test modules' trainers left in the session's Ray.
+    """Remove placement groups that earlier tests' trainers left in the session's Ray.
 
     A trial stopped by Tune's scheduler or a worker group torn down by a fault can leave its placement group
     reserved when Ray Train's cleaner cannot reach the state API (no dashboard in tests); the CPUs it holds
-    would starve the next module's Ray Data and Ray Train. Nothing of an earlier module runs any more here.
+    would starve the next test's Ray Data and Ray Train (an ASHA sweep's leftovers starved the killed-sweep test).
+    Nothing of an earlier test runs any more when the next one starts.
     """
     import ray
 

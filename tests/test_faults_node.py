@@ -24,27 +24,35 @@ pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 TESTS = Path(__file__).resolve().parent
 MAX_STEPS = 30
+REMOVED = "node-removed"  # written once the node is gone
 
 
-def slow_keyword_task(_: dict):
-    """test_loop's KeywordTask, slowed so that the node goes away mid-run."""
+def held_keyword_task(config: dict):
+    """test_loop's KeywordTask, held after its first checkpoint until the node is gone (which kills it), so the
+    fault always lands mid-run however slow the machine; after the restart it runs freely."""
     from test_loop import KeywordTask
 
-    class Slow(KeywordTask):
+    root = Path(config["root"])
+
+    class Held(KeywordTask):
         def loss(self, model, batch):
-            time.sleep(0.1)
+            deadline = time.time() + 120
+            while (any(root.glob("ray/*/checkpoint_*/manifest.json")) and not (root / REMOVED).exists()
+                   and time.time() < deadline):
+                time.sleep(0.2)
             return super().loss(model, batch)
 
-    return Slow()
+    return Held()
 
 
-def replace_node_after_first_checkpoint(cluster, node, storage: Path, comes_back: bool, timeout: float = 300) -> None:
+def replace_node_after_first_checkpoint(cluster, node, root: Path, comes_back: bool, timeout: float = 300) -> None:
     deadline = time.time() + timeout
-    while not any(storage.glob("*/checkpoint_*/manifest.json")):
+    while not any(root.glob("ray/*/checkpoint_*/manifest.json")):
         if time.time() > deadline:
             return
         time.sleep(0.2)
     cluster.remove_node(node, allow_graceful=False)
+    (root / REMOVED).touch()
     print("node removed", flush=True)
     if comes_back:
         time.sleep(5)
@@ -71,8 +79,8 @@ def main(root: Path, comes_back: bool) -> None:
 
     def fit() -> None:
         try:
-            result = run_training(name="node", storage_path=storage, task_config={}, train=train,
-                                  task_factory="test_faults_node:slow_keyword_task",
+            result = run_training(name="node", storage_path=storage, task_config={"root": str(root)}, train=train,
+                                  task_factory="test_faults_node:held_keyword_task",
                                   scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
         except AlbertDistError as err:
             print(f"ERROR {err}", flush=True)
@@ -82,7 +90,7 @@ def main(root: Path, comes_back: bool) -> None:
     training = threading.Thread(target=fit)
     training.start()
     try:
-        replace_node_after_first_checkpoint(cluster, node, storage, comes_back)
+        replace_node_after_first_checkpoint(cluster, node, root, comes_back)
         training.join()
     finally:
         ray.shutdown()

@@ -58,8 +58,10 @@ def server(tmp_path):
 
 @pytest.mark.slow
 def test_metrics_survive_a_tracking_outage(server, tmp_path, capsys, monkeypatch):
+    # no retries: a call to the stopped server fails at once (connection refused); the timeout stays long, as a
+    # freshly started server on a loaded machine may need seconds to answer its first writes
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
     run_id = tracking.start_or_resume_run(server["uri"], "outage", tmp_path / "run", "outage")
     logger = tracking.MetricsLogger(server["uri"], run_id)
     logger({"loss": 3.0}, 1)
@@ -71,10 +73,7 @@ def test_metrics_survive_a_tracking_outage(server, tmp_path, capsys, monkeypatch
     assert "MLflow unreachable" in capsys.readouterr().out
 
     server["process"] = start_server(server["store"], server["port"])
-    # the short timeout was for the outage; a freshly restarted server on a loaded machine may need longer to
-    # answer its first writes, and the logger retries at each log step anyway
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
-    step = 4
+    step = 4  # the logger retries at each log step until the server answers
     logger({"loss": 1.0}, step)
     while logger.pending and step < 8:
         step += 1

@@ -103,7 +103,6 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
     assert (outcome.best_model / "model.safetensors").read_bytes() == (trial_model / "model.safetensors").read_bytes()
 
 
-@pytest.mark.heavy
 def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_session, tmp_path):
     raw = sweep_raw(workspace, "resumed", num_samples=3, search_alg="random", scheduler={"kind": "none"})
     config_file = tmp_path / "sweep.yaml"
