@@ -24,7 +24,8 @@ def test_demo_runs_every_stage_and_reports_where_things_are(tmp_path):
     out = subprocess.run([str(Path(sys.executable).parent / "albert-dist"), "demo",
                           *[a for s in sets for a in ("--set", s)]], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=1200)
-    log = out.stdout + out.stderr
+    log = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # without Ray's colours
+    (tmp_path / "demo.log").write_text(log)  # for a look after a failure
     assert out.returncode == 0, log[-6000:]
     for stage in range(1, 7):
         assert f"[{stage}/6]" in log
