@@ -19,11 +19,11 @@ class KeywordTask(TrainingTask):
 
     best_metric, best_mode = "eval_accuracy", "max"
 
-    def __init__(self, poison_from_step: int | None = None):
+    def __init__(self, poison_from_step: int | None = None, overflow_at: frozenset[int] = frozenset()):
         g = torch.Generator().manual_seed(0)
         self.x = torch.randint(5, 50, (256, 16), generator=g)
         self.y = (self.x[:, 0] > 27).long()
-        self.poison_from_step = poison_from_step
+        self.poison_from_step, self.overflow_at = poison_from_step, overflow_at
         self.calls = 0
 
     def build_model(self):
@@ -37,6 +37,8 @@ class KeywordTask(TrainingTask):
         loss = out.loss
         if self.poison_from_step is not None and self.calls > self.poison_from_step:
             loss = loss * float("nan")
+        if self.calls in self.overflow_at:
+            loss = loss * 1e38  # finite in fp32; its gradients overflow once the GradScaler multiplies them
         n = torch.tensor(float(len(batch["labels"])))
         return loss, {"loss_sum": out.loss.detach() * n, "n": n,
                       "correct": (out.logits.argmax(-1) == batch["labels"]).sum()}
@@ -119,6 +121,24 @@ def test_persistent_nan_stops_with_a_message(tmp_path):
                      WorkerEnv(print_fn=messages.append)).fit()
     assert result["status"] == "diverged" and result["step"] == 8
     assert "not finite for 3 consecutive steps" in result["message"]
+
+
+def test_fp16_overflow_is_skipped_by_the_grad_scaler(monkeypatch):
+    """fp16 + GradScaler is for GPUs (a config error on CPU); with that check lifted the same loop path runs on
+    torch's CPU GradScaler and fp16 autocast, so an overflowing step is exercised where no GPU is."""
+    from albert_dist.train import loop
+
+    monkeypatch.setattr(loop.precision, "resolve_precision", lambda requested, device: requested)
+    reports = []
+    trainer = Trainer(KeywordTask(overflow_at=frozenset({12, 13})), settings(precision="fp16", max_nonfinite_steps=3),
+                      WorkerEnv(report=lambda metrics, checkpoint: reports.append(metrics)))
+    assert trainer.scaler is not None
+    initial_scale = trainer.scaler.get_scale()
+    result = trainer.fit()
+    assert result["status"] == "completed" and result["step"] == 40  # two bad steps < max_nonfinite_steps
+    assert trainer.scaler.get_scale() == initial_scale / 4  # halved at each skipped step, not grown in 40 steps
+    assert sum(r.get("skipped_steps", 0) for r in reports) == 2
+    assert result["accuracy"] > 0.9 and all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
 def test_corrupted_checkpoint_is_refused(tmp_path):

@@ -118,7 +118,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_se
     proc = subprocess.Popen([sys.executable, "-c", script, str(config_file)], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 420  # trials start slowly on a loaded machine
+        deadline = time.time() + 600  # trials start slowly on a loaded machine
         while len(finished_in_state(sweep_dir)) < 1 and time.time() < deadline and proc.poll() is None:
             time.sleep(1)
         assert proc.poll() is None, "the sweep ended before it could be killed"
