@@ -141,6 +141,50 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_se
     assert all(r.info.status == "FINISHED" for r in runs)
 
 
+def test_distillation_sweep_applies_student_shape_and_distill_weights(workspace, ray_session):
+    """Each trial distills the teacher into the student its parameters describe; the best config is a DistillJob."""
+    import json
+
+    import torch
+
+    from albert_dist.model import AlbertConfig
+    from albert_dist.tokenizer import load_tokenizer
+
+    teacher = workspace / "teacher"  # a classifier with its tokenizer: what fine-tuning writes
+    tokenizer = load_tokenizer(workspace / "model")
+    torch.manual_seed(0)
+    config = AlbertConfig.from_json_file(workspace / "model" / "config.json", id2label={0: "no", 1: "yes"},
+                                         label2id={"no": 0, "yes": 1})
+    AlbertForSequenceClassification(config).save_pretrained(teacher)
+    tokenizer.save(teacher)
+    job = {"run": {"name": "student", "output_dir": str(workspace / "runs")},
+           "distill": {"teacher": str(teacher), "speed_repeats": 1},
+           "data": {"train": str(workspace / "train.csv"), "dev": str(workspace / "dev.csv"), "max_seq_length": 32},
+           "finetune": {"epochs": 1}, "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
+           "train": {"precision": "fp32", "batch_size": 32, "eval_every": 4, "log_every": 4, "checkpoint_every": 4},
+           "tracking": {"tracking_uri": f"sqlite:///{workspace}/mlflow.db", "experiment": "distill-sweeps"}}
+    cfg = validate_config(DistillTuneConfig, {
+        "job": job, "run": {"name": "distill", "output_dir": str(workspace / "sweeps")},
+        "search_space": {"student.num_hidden_layers": {"choice": [1, 2]}, "distill.temperature": {"uniform": [1, 4]},
+                         "distill.alpha": {"uniform": [0.2, 0.8]}},
+        "metric": "eval_accuracy", "mode": "max", "num_samples": 2, "max_concurrent_trials": 2,
+        "resources_per_trial": {"num_workers": 1, "cpu": 0.5}, "search_alg": "random", "scheduler": {"kind": "none"}})
+    outcome = run_sweep(cfg)
+
+    assert len(outcome.rows) == 2 and all(r["stop_reason"] == "completed" for r in outcome.rows)
+    for row in outcome.rows:  # the student each trial trained has the depth its parameters asked for
+        model_config = json.loads((workspace / "sweeps" / "distill" / "trials" / row["trial_id"] / "model" /
+                                   "config.json").read_text())
+        assert model_config["num_hidden_layers"] == row["student.num_hidden_layers"]
+    client, runs = children(outcome.tracking_uri, outcome.parent_run_id)
+    assert len(runs) == 2
+    for run in runs:
+        assert 1 <= float(run.data.params["distill.temperature"]) <= 4 and "eval_accuracy" in run.data.metrics
+    best_job = load_config(DistillJobConfig, outcome.best_config)
+    assert best_job.student.num_hidden_layers == outcome.best["student.num_hidden_layers"]
+    assert best_job.distill.alpha == pytest.approx(outcome.best["distill.alpha"])
+
+
 def finished_in_state(sweep_dir: Path) -> set[str]:
     """Trial ids the sweep's saved Tune state records as finished: what a restore will not run again."""
     import json
