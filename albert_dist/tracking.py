@@ -30,7 +30,8 @@ def _client(tracking_uri: str):
 
 def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path, run_name: str,
                         tags: dict[str, str] | None = None) -> str:
-    """The MLflow run of `run_dir`: the one recorded there if it still exists, else a new one (recorded)."""
+    """The MLflow run of `run_dir`: the one recorded there if it still exists, else a new one (recorded).
+    `tags` are set either way: a sweep creates its trials' runs before their jobs add what they know (lineage)."""
     client = _client(tracking_uri)
     id_file = run_dir / RUN_ID_FILE
     if id_file.is_file():
@@ -38,6 +39,8 @@ def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path, run_n
         try:
             client.get_run(run_id)
             client.update_run(run_id, status="RUNNING")
+            for key, value in (tags or {}).items():
+                client.set_tag(run_id, key, value)
             return run_id
         except Exception:  # noqa: BLE001 - a run deleted from the store: start a new one
             log.warning("MLflow run %s recorded in %s no longer exists; starting a new run", run_id, id_file)

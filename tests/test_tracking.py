@@ -96,10 +96,11 @@ def test_run_is_reused_from_the_run_directory_and_secrets_are_redacted(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
     tracking.finish_run(uri, first)
-    again = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
+    again = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r", tags={"albert_dist.job": "finetune"})
     assert again == first
     client = tracking._client(uri)
     assert client.get_run(first).info.status == "RUNNING"
+    assert client.get_run(first).data.tags["albert_dist.job"] == "finetune"  # tags reach a reused run too
     assert client.get_run(first).data.tags["albert_dist.code_version"]
 
     tracking.log_params(uri, first, {"train.lr": 0.1, "auth.api_key": "abc123", "env.RAY_AUTH_TOKEN": "t0k"})

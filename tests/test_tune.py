@@ -180,6 +180,7 @@ def test_distillation_sweep_applies_student_shape_and_distill_weights(workspace,
     assert len(runs) == 2
     for run in runs:
         assert 1 <= float(run.data.params["distill.temperature"]) <= 4 and "eval_accuracy" in run.data.metrics
+        assert run.data.tags["albert_dist.source_model"] == str(teacher)  # lineage, as a plain distill run has
     best_job = load_config(DistillJobConfig, outcome.best_config)
     assert best_job.student.num_hidden_layers == outcome.best["student.num_hidden_layers"]
     assert best_job.distill.alpha == pytest.approx(outcome.best["distill.alpha"])
