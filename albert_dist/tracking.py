@@ -39,8 +39,10 @@ def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path, run_n
         try:
             client.get_run(run_id)
             client.update_run(run_id, status="RUNNING")
-            for key, value in (tags or {}).items():
-                client.set_tag(run_id, key, value)
+            if tags:
+                from mlflow.entities import RunTag
+
+                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             return run_id
         except Exception:  # noqa: BLE001 - a run deleted from the store: start a new one
             log.warning("MLflow run %s recorded in %s no longer exists; starting a new run", run_id, id_file)

@@ -153,3 +153,30 @@ def test_corrupted_checkpoint_is_refused(tmp_path):
     (tmp_path / "step20" / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="incomplete write"):
         checkpointing.verify_manifest(tmp_path / "step20")
+
+
+def test_resume_takes_the_newest_checkpoint_that_verifies(tmp_path):
+    """Ray's recorded checkpoint, or a newer complete one it had not registered; a corrupted one is skipped."""
+    from ray.train import Checkpoint
+
+    from albert_dist.train.ray_runner import resume_directory
+
+    def checkpoint(name: str, step: int) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "weights.bin").write_bytes(bytes([step]) * 16)
+        checkpointing.write_manifest(directory, {"step": step})
+        return directory
+
+    assert resume_directory(None, tmp_path) is None  # a fresh run
+    older, recorded = checkpoint("checkpoint_a", 10), checkpoint("checkpoint_b", 20)
+    newer, newest = checkpoint("checkpoint_c", 30), checkpoint("checkpoint_d", 40)
+    said = []
+    assert resume_directory(Checkpoint.from_directory(str(recorded)), tmp_path, said.append) == newest
+    (newest / "weights.bin").write_bytes(b"corrupted")
+    assert resume_directory(Checkpoint.from_directory(str(recorded)), tmp_path, said.append) == newer
+    assert "does not match its checksum" in said[-1]
+    (newer / "manifest.json").unlink()
+    (recorded / "weights.bin").write_bytes(b"corrupted")
+    assert resume_directory(None, tmp_path, said.append) == older  # no record: the newest that verifies
+    assert "checkpoint_b" in said[-1] and "does not match its checksum" in said[-1]

@@ -139,9 +139,8 @@ def resume_directory(checkpoint: "ray.train.Checkpoint | None", storage_dir: Pat
     """
     latest = Path(checkpoint.path) if checkpoint is not None else None
     siblings = [p for p in storage_dir.glob("checkpoint_*") if p.is_dir() and p != latest]
-    candidates = ([latest] if latest else []) + sorted(siblings, key=_checkpoint_step, reverse=True)
-    if latest is not None and candidates[1:] and _checkpoint_step(candidates[1]) > _checkpoint_step(latest):
-        candidates.insert(0, candidates.pop(1))  # a newer complete one than Ray's record
+    # newest first; at equal steps Ray's record first (a stable sort keeps it ahead)
+    candidates = sorted(([latest] if latest else []) + siblings, key=_checkpoint_step, reverse=True)
     for candidate in candidates:
         try:
             checkpointing.verify_manifest(candidate)
