@@ -104,6 +104,11 @@ class DataSection(Section):
     tokenizer_actors: int = Field(1, ge=1)
     word_segmenter: Literal["jieba"] | None = None
     seed: int = 12345
+    cache: Literal["auto", "memory", "stream"] = Field(
+        "auto", description="How pretraining reads the prepared data. memory: once, into Ray's object store (an "
+                            "epoch starts in under a second); stream: the Parquet shards again every epoch and "
+                            "evaluation (seconds each; holds no memory); auto: memory when the data takes at most "
+                            "a fifth of the object store.")
 
 
 class ScalingSection(Section):

@@ -140,10 +140,10 @@ def prepared_dir(cfg: PretrainJobConfig) -> Path:
 def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     from albert_dist.data.loading import load_prepared
     from albert_dist.ray_init import ensure_ray
-    from albert_dist.train.ray_runner import quiet_data_progress, run_training
+    from albert_dist.train.ray_runner import training_data_context, run_training
 
     ensure_ray()
-    quiet_data_progress()
+    training_data_context()
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
     manifest = prepared.manifest
@@ -153,12 +153,17 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, run_dir, cfg.run.name,
                                           tags={"albert_dist.job": "pretrain"})
     n_params = AlbertForPreTraining(model_config).num_parameters()
+    in_memory = prepared.fits_in_memory(cfg.data.cache)
     tracking.log_params(uri, run_id, {**flatten(cfg), "model.num_parameters": n_params,
-                                      "world_size": cfg.scaling.num_workers, "data.prepared_dir": str(data_dir)})
+                                      "world_size": cfg.scaling.num_workers, "data.prepared_dir": str(data_dir),
+                                      "data.in_memory": in_memory})
     tracking.log_text(uri, run_id, dump_yaml(cfg), "config/pretrain.yaml")
     tracking.log_text(uri, run_id, json.dumps(manifest, indent=2, ensure_ascii=False), "data/manifest.json")
     print(f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
           f"worker(s), {cfg.train.precision}; MLflow run {run_id}")
+    print(f"data: {prepared.rows('train')} training instances, " + (
+        "read once into Ray's object store" if in_memory else "streamed from Parquet every epoch") +
+        f" (data.cache={cfg.data.cache})")
     task_config = {
         "prepared_dir": str(data_dir), "model_config": model_config.to_dict(), "init_from": cfg.model.init_from,
         "allow_pickle": cfg.model.allow_pickle,
@@ -166,7 +171,7 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
         "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
         "manifest": manifest, "has_eval": prepared.eval is not None,
     }
-    datasets = {"train": prepared.train, **({"eval": prepared.eval} if prepared.eval is not None else {})}
+    datasets = prepared.for_training(in_memory)
     best_dir = run_dir / "best_model"
     try:
         result = run_training(name=cfg.run.name, storage_path=run_dir / "ray", task_factory=

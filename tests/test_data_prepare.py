@@ -65,6 +65,27 @@ def test_same_seed_same_shards(english, tmp_path):
             assert pq.read_table(a).equals(pq.read_table(b))
 
 
+def test_training_reads_small_data_from_memory(english, monkeypatch):
+    import albert_dist.data.loading as loading
+
+    _, _, data = english
+    splits = data.for_training(in_memory=True)
+    assert set(splits) == {"train", "eval"}
+    actual = sum(ds.size_bytes() for ds in splits.values())
+    estimate = data.in_memory_bytes("train") + data.in_memory_bytes("eval")
+    assert 0.5 * actual < estimate < 2 * actual, (estimate, actual)
+    assert splits["train"].take_batch(3)["instance_id"].tolist() == data.train.take_batch(3)["instance_id"].tolist()
+    assert data.fits_in_memory("auto") and data.fits_in_memory("memory") and not data.fits_in_memory("stream")
+    monkeypatch.setattr(loading, "CACHE_SHARE", 0.5 * estimate / ray_object_store_bytes())
+    assert not data.fits_in_memory("auto") and data.fits_in_memory("memory")
+
+
+def ray_object_store_bytes() -> float:
+    import ray
+
+    return ray.cluster_resources()["object_store_memory"]
+
+
 def test_ray_train_split_is_disjoint_and_covers(english):
     _, summary, data = english
     world = 3

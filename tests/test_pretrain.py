@@ -71,23 +71,24 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.pretrain import pretrain
 
-    # SOP is learnt after MLM: it takes this tiny model ~200 steps to pick up the order cue
-    overrides = pretrain_overrides(prepared, "learns", steps=240) + [
-        "train.learning_rate=5e-3", "train.log_every=30", "train.eval_every=80", "train.checkpoint_every=80"]
+    # SOP is learnt after MLM: this tiny model picks up the order cue after 150-250 steps, depending on the seed
+    overrides = pretrain_overrides(prepared, "learns", steps=400) + [
+        "train.learning_rate=5e-3", "train.log_every=50", "train.eval_every=200", "train.checkpoint_every=200"]
     outcome = pretrain(load_config(PretrainJobConfig, None, overrides))
 
     m = outcome.metrics
-    assert m["step"] == 240 and m["replicas_identical"] == 1.0
-    assert m["eval_sop_accuracy"] > 0.7, m
+    assert m["step"] == 400 and m["replicas_identical"] == 1.0
+    assert m["eval_sop_accuracy"] > 0.9, m
 
     client = MlflowClient(outcome.tracking_uri)
     run = client.get_run(outcome.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["model.hidden_size"] == "64" and run.data.params["world_size"] == "2"
+    assert run.data.params["data.in_memory"] == "True"  # a small corpus is read once (data.cache auto)
     losses = [x.value for x in sorted(client.get_metric_history(outcome.run_id, "loss"), key=lambda x: x.step)]
     assert len(losses) == 8 and losses[-1] < losses[0] - 1.0
     sop = client.get_metric_history(outcome.run_id, "eval_sop_accuracy")
-    assert sorted(x.step for x in sop) == [80, 160, 240]
+    assert sorted(x.step for x in sop) == [200, 400]
     artifacts = {a.path for a in client.list_artifacts(outcome.run_id, "model")}
     assert {"model/config.json", "model/model.safetensors", "model/spiece.model"} <= artifacts
 
@@ -100,9 +101,12 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     assert (outcome.best_model_dir / "model.safetensors").is_file()
 
 
-# Runs compared for exact resume: 30 steps, a checkpoint every 10, evaluation at the end.
+# Runs compared for exact resume: 30 steps, a checkpoint every 10, evaluation at the end. The baseline reads the
+# data from memory; the interrupted runs stream it (data.cache=stream), so the two ways must give the same batches,
+# and streaming's epoch start-up (seconds) leaves time to interrupt a run between its checkpoints.
 RESUME_STEPS = 30
 RESUME_OVERRIDES = ["train.checkpoint_every=10", "train.eval_every=30", "train.keep_checkpoints=3"]
+STREAMED = "data.cache=stream"
 
 
 def resume_run(root: Path, name: str, *extra: str):
@@ -139,7 +143,7 @@ def _launch(root: Path, name: str) -> subprocess.Popen:
 
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
     args = [sys.executable, "-m", "albert_dist.cli", "pretrain"]
-    for item in pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES:
+    for item in pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES + [STREAMED]:
         args += ["--set", item]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -174,6 +178,7 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
     runs = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id,
                               filter_string="attributes.run_name = 'killed'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["data.in_memory"] == "False"
     assert max(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")) == RESUME_STEPS
 
 
@@ -194,7 +199,7 @@ def faulted(prepared, baseline):
 
     killer = threading.Thread(target=kill_a_worker)
     killer.start()
-    outcome = resume_run(prepared, "faulted", "train.max_failures=2")
+    outcome = resume_run(prepared, "faulted", "train.max_failures=2", STREAMED)
     killer.join()
     return outcome, killed
 
@@ -217,7 +222,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseli
     state = latest / "training_state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # truncated
 
-    outcome = resume_run(prepared, "faulted", "train.max_failures=2")
+    outcome = resume_run(prepared, "faulted", "train.max_failures=2", STREAMED)
     assert outcome.metrics["resumed_from_step"] == RESUME_STEPS - 10  # the checkpoint before the corrupted one
     assert outcome.metrics["step"] == RESUME_STEPS
     assert_same_weights(baseline, final_weights(prepared / "faulted"))

@@ -107,9 +107,9 @@ def train_on_ray(cfg, *, task_factory: str, config: dict[str, Any], task_data: T
                  uri: str, run_id: str, best_model_dir: Path, callbacks: list | None = None):
     """Run the task on Ray Train; the run is marked FAILED in MLflow when training raises. `callbacks` are Ray
     Train callbacks (a sweep's trial passes Tune's report callback)."""
-    from albert_dist.train.ray_runner import quiet_data_progress, run_training
+    from albert_dist.train.ray_runner import training_data_context, run_training
 
-    quiet_data_progress()
+    training_data_context()
     datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
     try:
         return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task_factory=task_factory,

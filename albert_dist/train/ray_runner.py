@@ -59,8 +59,8 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     """
     from ray.data import DataContext
 
+    training_data_context()
     options = DataContext.get_current().execution_options
-    options.preserve_order = True
     trainer = ray.train.torch.TorchTrainer(
         _train_worker,
         train_loop_config={"task_factory": task_factory, "task_config": task_config, "train": train.model_dump(),
@@ -89,12 +89,15 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     return TrainingResult(metrics, checkpoint_dir, storage_path / name)
 
 
-def quiet_data_progress() -> None:
-    """No Ray Data progress bars in training: a bar per worker and evaluation would drown the progress lines.
-    Call it before creating the datasets handed to `run_training`: a dataset keeps the context it was made in."""
+def training_data_context() -> None:
+    """Ray Data settings for training: rows in a fixed order (exact resume reads the same batches again) and no
+    progress bars (a bar per worker and evaluation would drown the progress lines). Call it before creating or
+    materializing the datasets handed to `run_training`: a dataset keeps the context it was made in."""
     from ray.data import DataContext
 
-    DataContext.get_current().enable_progress_bars = False
+    context = DataContext.get_current()
+    context.execution_options.preserve_order = True
+    context.enable_progress_bars = False
 
 
 def _train_worker(config: dict[str, Any]) -> None:
