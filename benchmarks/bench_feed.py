@@ -1,0 +1,85 @@
+"""The pretraining feed inside Ray Train workers: prepared data streamed from Parquet every epoch (the reference,
+`data.cache: stream`) against read once into Ray's object store (`data.cache: memory`).
+
+Two workers with half a CPU each (as the tests and the demo run them) each read their slice of every global batch
+(`albert_dist.train.feed.rank_batches`, as pretraining does) for a few epochs, without a model, so what is timed is
+the feed alone: the wait for an epoch's first batch (start-up) and the whole epoch. Prints both and the ratio.
+
+    python benchmarks/bench_feed.py                   # 3 epochs, batch 16 per worker, sequences of 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+import ray.train
+import ray.train.torch
+
+from bench_pretrain import prepare
+
+
+def read_epochs(config: dict) -> None:
+    from albert_dist.train.feed import rank_batches
+
+    context = ray.train.get_context()
+    source = ray.train.get_dataset_shard("train")
+    for epoch in range(config["epochs"]):
+        start = time.perf_counter()
+        first = None
+        for _ in rank_batches(source, batch_size=config["batch_size"], rank=context.get_world_rank(),
+                              world_size=context.get_world_size(), seed=epoch, shuffle_buffer=2048):
+            first = first if first is not None else time.perf_counter() - start
+        ray.train.report({"epoch": epoch, "first_batch_s": first, "epoch_s": time.perf_counter() - start})
+
+
+def run(datasets: dict, args, storage: Path, name: str) -> list[dict]:
+    from ray.train import DataConfig, RunConfig, ScalingConfig
+
+    from albert_dist.train.ray_runner import training_data_context
+
+    training_data_context()
+    trainer = ray.train.torch.TorchTrainer(
+        read_epochs, train_loop_config={"epochs": args.epochs, "batch_size": args.batch_size},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(name=name, storage_path=str(storage)),
+        datasets=datasets, dataset_config=DataConfig(datasets_to_split=[]))
+    return trainer.fit().metrics_dataframe.to_dict("records")  # rank 0's figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=128)
+    args = parser.parse_args()
+
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.ray_init import ensure_ray
+
+    ensure_ray()
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared = load_prepared(prepare(Path(tmp), args.seq))
+        print(f"{prepared.rows('train')} training instances of up to {args.seq} tokens, "
+              f"~{prepared.in_memory_bytes('train') / 1e6:.1f} MB in memory")
+        figures = {}
+        for mode, in_memory in (("stream", False), ("memory", True)):
+            start = time.perf_counter()
+            datasets = {"train": prepared.for_training(in_memory)["train"]}
+            prepare_s = time.perf_counter() - start
+            rows = run(datasets, args, Path(tmp) / "ray", mode)
+            figures[mode] = (statistics.median(r["first_batch_s"] for r in rows),
+                             statistics.median(r["epoch_s"] for r in rows))
+            print(f"{mode:6s}: read into memory {prepare_s:5.1f} s | epoch start-up (median of {len(rows)}) "
+                  f"{figures[mode][0]:6.2f} s | whole epoch {figures[mode][1]:6.2f} s")
+    (stream_first, stream_epoch), (memory_first, memory_epoch) = figures["stream"], figures["memory"]
+    print(f"memory vs stream: epoch start-up {stream_first / memory_first:.0f}x faster, "
+          f"whole epoch {stream_epoch / memory_epoch:.1f}x faster")
+
+
+if __name__ == "__main__":
+    main()
