@@ -47,3 +47,4 @@ def test_demo_runs_every_stage_and_reports_where_things_are(tmp_path):
     # each progress line once (Ray Train's print redirection would send every one twice)
     progress = [line for line in log.splitlines() if re.search(r"\) step \d+/\d+ \|", line)]
     assert progress and len(progress) == len(set(progress)), progress
+    assert "Reporting training result" not in log  # Ray Train's per-report INFO line, metrics dict and all

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -100,7 +102,16 @@ def training_data_context() -> None:
     context.enable_progress_bars = False
 
 
+def _quiet_report_log() -> None:
+    """Ray Train 2.60 logs every `ray.train.report` of every worker at INFO, metrics dict and all: a long line per
+    evaluation and checkpoint between the progress lines. Its warnings stay."""
+    context = sys.modules.get("ray.train.v2._internal.execution.context")  # the logger is named by its file
+    if context is not None:
+        logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def _train_worker(config: dict[str, Any]) -> None:
+    _quiet_report_log()
     module, _, function = config["task_factory"].partition(":")
     task = getattr(importlib.import_module(module), function)(config["task_config"])
     context = ray.train.get_context()
