@@ -66,6 +66,8 @@ def test_same_seed_same_shards(english, tmp_path):
 
 
 def test_training_reads_small_data_from_memory(english, monkeypatch):
+    import ray
+
     import albert_dist.data.loading as loading
 
     _, _, data = english
@@ -76,14 +78,9 @@ def test_training_reads_small_data_from_memory(english, monkeypatch):
     assert 0.5 * actual < estimate < 2 * actual, (estimate, actual)
     assert splits["train"].take_batch(3)["instance_id"].tolist() == data.train.take_batch(3)["instance_id"].tolist()
     assert data.fits_in_memory("auto") and data.fits_in_memory("memory") and not data.fits_in_memory("stream")
-    monkeypatch.setattr(loading, "CACHE_SHARE", 0.5 * estimate / ray_object_store_bytes())
+    object_store = ray.cluster_resources()["object_store_memory"]
+    monkeypatch.setattr(loading, "CACHE_SHARE", 0.5 * estimate / object_store)
     assert not data.fits_in_memory("auto") and data.fits_in_memory("memory")
-
-
-def ray_object_store_bytes() -> float:
-    import ray
-
-    return ray.cluster_resources()["object_store_memory"]
 
 
 def test_ray_train_split_is_disjoint_and_covers(english):

@@ -55,7 +55,7 @@ class PreparedData:
     def for_training(self, in_memory: bool) -> dict[str, Any]:
         """The splits training reads ("train", and "eval" when there is one), read once into Ray's object store
         when `in_memory` (see `fits_in_memory`)."""
-        splits = {"train": self.train, **({"eval": self.eval} if self.eval is not None else {})}
+        splits = {name: getattr(self, name) for name in self.training_splits()}
         return {name: dataset.materialize() for name, dataset in splits.items()} if in_memory else splits
 
     def fits_in_memory(self, cache: str = "auto") -> bool:
@@ -70,9 +70,11 @@ class PreparedData:
 
         if cache != "auto":
             return cache == "memory"
-        splits = ["train"] + (["eval"] if self.rows("eval") else [])
         capacity = ray.cluster_resources().get("object_store_memory", 0)
-        return sum(self.in_memory_bytes(split) for split in splits) <= CACHE_SHARE * capacity
+        return sum(self.in_memory_bytes(split) for split in self.training_splits()) <= CACHE_SHARE * capacity
+
+    def training_splits(self) -> list[str]:
+        return ["train"] + (["eval"] if self.rows("eval") else [])
 
     def in_memory_bytes(self, split: str) -> int:
         """`split`'s estimated size once read: its rows times the Arrow bytes per row of the first shard's first
