@@ -1,13 +1,27 @@
-"""Connecting to Ray the same way from every command."""
+"""Connecting to Ray the same way from every command.
+
+A Ray that albert-dist starts by itself (the demo, CLI jobs without $RAY_ADDRESS, the tests) listens on
+127.0.0.1 only and requires a token generated for that start: whoever reaches a Ray without auth can run code on
+it (CVE-2023-48022).
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
-
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
 
 # Ray Train 2.60 sends a worker's print both to Ray's stdout wrapper and to its logger, so every progress line
 # would reach the console twice; with the redirection off it reaches it once, through Ray's usual log forwarding.
 WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+# Ray's single-machine mode: node IP 127.0.0.1, the only setting that keeps GCS, raylet, agents and workers off
+# the machine's other interfaces (a plain local Ray binds them to all of them, whatever the dashboard host).
+LOOPBACK_FLAG = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def ensure_ray() -> None:
@@ -18,6 +32,62 @@ def ensure_ray() -> None:
     if ray.is_initialized():
         return
     os.environ.update(WORKER_ENV)  # a local Ray's workers inherit it; jobs and cluster scripts set it themselves
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        ray.init(address=address, configure_logging=False)
+        return
     # a local Ray gets its dashboard: Ray Train's placement-group cleaner asks the state API it serves whether the
     # training controller is alive, and logs a warning every second while it cannot
-    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", configure_logging=False)
+    context = start_local_ray(configure_logging=False)
+    print(f"local Ray: dashboard http://{context.dashboard_url}, 127.0.0.1 only, token auth (the token is in "
+          f"{os.environ['RAY_AUTH_TOKEN_PATH']} while this command runs)", flush=True)
+
+
+def start_local_ray(**init_kwargs: Any):
+    """Start a private Ray on this machine, loopback only, token auth on; returns ray.init's context.
+
+    The token is new for each start, in a file only this user can read (removed when the process exits); the
+    process and its children find it in $RAY_AUTH_TOKEN_PATH, e.g. for JobSubmissionClient or `ray` commands.
+    """
+    import ray
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    token_path = _new_token_file()
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path))
+    # Ray reads its auth mode and token once per process: make it read them again (as its own default-auth
+    # path does), so that a shell's RAY_AUTH_MODE=disabled or an earlier start's token cannot win
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+    with _loopback_only():
+        return ray.init(address="local", **init_kwargs)
+
+
+def _new_token_file() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="albert-ray-auth-"))  # mode 700
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / "token"
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(secrets.token_urlsafe(32))
+    return path
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Ray's single-machine mode while the local Ray starts (its processes keep node IP 127.0.0.1 afterwards).
+
+    Ray reads the flag when it is imported, so its constant is set too; both are restored afterwards so that
+    processes started later from here (a multi-node `ray start`, a cluster's driver) are not confined to loopback.
+    """
+    from ray._private import ray_constants
+
+    saved_env, saved_flag = os.environ.get(LOOPBACK_FLAG), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOOPBACK_FLAG], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(LOOPBACK_FLAG, None)
+        else:
+            os.environ[LOOPBACK_FLAG] = saved_env

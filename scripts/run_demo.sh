@@ -4,5 +4,5 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup_env.sh"
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 exec "$root/.venv/bin/albert-dist" demo "$@"

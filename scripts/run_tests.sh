@@ -4,6 +4,6 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup_env.sh"
 cd "$root"
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 # Two processes, one test file each at a time: most of the suite waits on Ray, MLflow and cluster start-up.
 exec "$root/.venv/bin/python" -m pytest -n "${ALBERT_DIST_TEST_PROCESSES:-2}" --dist loadfile "$@"

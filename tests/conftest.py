@@ -8,7 +8,6 @@ import pytest
 
 from albert_dist import ray_init
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Always a private Ray for the session: never attach to a cluster another test (or person) started on the machine.
 os.environ["RAY_ADDRESS"] = "local"
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -29,12 +28,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A local Ray with the machine's 2 CPUs, started once for the whole test session."""
+    """A local Ray with the machine's 2 CPUs, started once for the whole test session as the commands start
+    theirs (loopback only, token auth)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=1_500_000_000,
-                 log_to_driver=False, configure_logging=False)
+        ray_init.start_local_ray(num_cpus=2, include_dashboard=False, object_store_memory=1_500_000_000,
+                                 log_to_driver=False, configure_logging=False)
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False

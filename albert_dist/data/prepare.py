@@ -53,12 +53,11 @@ def run_prepare(cfg: DataJobConfig) -> int:
 def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """Prepare the dataset `cfg` describes; returns the summary (also stored in the manifest)."""
-    import ray
+    from albert_dist.ray_init import ensure_ray
 
     if cfg.data.word_segmenter is not None:
         raise DataError("data.word_segmenter=jieba is not implemented: Chinese whole-word masking uses characters")
-    if not ray.is_initialized():
-        ray.init()
+    ensure_ray()
     started = time.perf_counter()
     location = output_location(cfg)
     files = resolve_inputs(cfg.data.inputs)
