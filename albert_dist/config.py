@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from albert_dist.errors import ConfigError
 
@@ -24,6 +24,15 @@ class RunSection(Section):
     name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
     output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store.")
     seed: int = 0
+
+    @field_validator("name")
+    @classmethod
+    def _one_directory_name(cls, name: str) -> str:
+        """The run's directory sits right under output_dir: a name with a path in it could write anywhere."""
+        if name in (".", "..") or any(sep in name for sep in ("/", "\\", "\0")):
+            raise ValueError("not a plain directory name (no '/', '\\', '.' or '..'): the run directory is "
+                             "run.output_dir/run.name")
+        return name
 
     @property
     def run_dir(self) -> Path:

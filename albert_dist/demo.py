@@ -74,6 +74,7 @@ def run_demo(cfg: DemoJobConfig) -> int:
     from albert_dist.pretrain import pretrain
     from albert_dist.ray_init import ensure_ray
     from albert_dist.tracking import ui_hint
+    from albert_dist.train.precision import explain_precision
 
     root = resolve_path(cfg.run.output_dir)
     corpus = write_stdlib_corpus(root / "corpus" / "stdlib_docstrings.txt", cfg.corpus_chars)
@@ -108,6 +109,7 @@ def run_demo(cfg: DemoJobConfig) -> int:
 
     sweep_table = _sweep(cfg, ft_cfg, root) if cfg.sweep_trials else None
     _summary(pre, ft, ds, sweep_table, ui_hint(pre.tracking_uri))
+    print(f"precision: {explain_precision(cfg.train.precision, cfg.scaling.use_gpu)}")
     return 0
 
 
@@ -139,4 +141,6 @@ def _summary(pre, ft, ds, sweep_table: str | None, ui: str) -> None:
           f"{m['speedup']:.2f}x faster  → {ds.model_dir}")
     if sweep_table:
         print("\nfine-tuning sweep:\n" + sweep_table)
-    print(f"\nMLflow: {ft.tracking_uri}\nMLflow UI: {ui}")
+    from albert_dist.tracking import redact_url
+
+    print(f"\nMLflow: {redact_url(ft.tracking_uri)}\nMLflow UI: {ui}")

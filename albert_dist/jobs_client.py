@@ -1,31 +1,33 @@
 """`albert-dist submit` and `albert-dist jobs`: run the job entry points (`jobs/`) on a Ray cluster.
 
-The job runs in a copy of this checkout (the runtime env's `working_dir`) that Ray deletes afterwards, so the
-submission sets `ALBERT_DIST_HOME` to an absolute output root on the cluster and forwards the MLflow tracking
-variables. Secrets travel only where they are needed: the Ray token goes into the request header (never into the
-job's runtime env), MLflow passwords stay on the cluster's nodes, and nothing here prints a token or a password.
+The job runs in a copy of the files git tracks in this checkout, plus its config (the runtime env's
+`working_dir`), that Ray deletes afterwards, so the submission sets `ALBERT_DIST_HOME` to an absolute output root on
+the cluster and forwards the MLflow tracking variables. Secrets travel only where they are needed: the Ray token
+goes into the request header (never into the job's runtime env), MLflow passwords stay on the cluster's nodes, and
+nothing here prints a token or a password.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from albert_dist.errors import AlbertDistError
 from albert_dist.ray_init import WORKER_ENV
-from albert_dist.tracking import is_secret_name
+from albert_dist.tracking import is_secret_name, redact_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # `albert-dist submit <job>` -> the module (and arguments) of its entry point under jobs/
 JOB_MODULES = {"prepare_data": ["jobs.prepare_data"], "pretrain": ["jobs.pretrain"], "finetune": ["jobs.finetune"],
                "distill": ["jobs.distill"], "tune-finetune": ["jobs.tune", "finetune"],
                "tune-distill": ["jobs.tune", "distill"]}
-# Never uploaded: environments, outputs, VCS data and local cluster state (gitignored files are skipped too).
-WORKING_DIR_EXCLUDES = [".venv", "runs", "outputs", ".git", "cluster/local/.state", "**/__pycache__",
-                        "*.egg-info", ".pytest_cache", ".hypothesis"]
 DEFAULT_OUTPUT_ROOT = "/mnt/shared/albert-dist"
 # Exit status of `submit --follow` and `jobs status` for each final job status.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 2}
@@ -69,6 +71,10 @@ def entrypoint(kind: str, config: str | None, overrides: list[str]) -> str:
     if config:
         args += ["--config", _relative_to_repo(config)]
     for item in overrides:
+        if redact_url(item) != item:
+            raise AlbertDistError(f"--set {redact_url(item)}: Ray logs a job's command line, so a URL with a user "
+                                  "name or password cannot go in it; give the cluster's nodes the credentials "
+                                  "(e.g. MLFLOW_TRACKING_USERNAME/PASSWORD) and pass the URL without them")
         args += ["--set", item]
     return shlex.join(args)
 
@@ -85,20 +91,53 @@ def _relative_to_repo(config: str) -> str:
                               "put the config under jobs/configs/ or pass fields with --set") from None
 
 
-def runtime_env(output_root: str, env: os._Environ | dict[str, str] = os.environ) -> dict[str, Any]:
-    """The checkout as working_dir, the output root and the MLflow tracking variables that are not secrets.
+def tracked_files(root: Path = REPO_ROOT) -> list[str]:
+    """The files git tracks in the checkout `root`, relative to it."""
+    try:
+        listing = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        raise AlbertDistError(f"albert-dist submit uploads the files git tracks in {root}, and git cannot list "
+                              f"them: {getattr(err, 'stderr', '') or err}".strip()) from None
+    return [path for path in listing.split("\0") if path]
 
-    Ray writes runtime envs, env_vars included, to its logs, so MLFLOW_TRACKING_PASSWORD/TOKEN, the Ray token and
-    cloud keys are never sent with a job: the cluster's nodes have them in their own environment.
+
+@contextlib.contextmanager
+def staged_checkout(extra: list[str], root: Path = REPO_ROOT) -> Iterator[Path]:
+    """A temporary copy of the files git tracks in `root` plus `extra` (paths relative to it): the job's
+    working_dir. An allowlist, so that a `.env`, a tokenizer or a corpus lying in the checkout never reaches the
+    cluster. Left out: symbolic links (one could point anywhere on this machine) and the .gitignore/.rayignore
+    files, which Ray would apply to what was chosen here (dropping a gitignored --config)."""
+    with tempfile.TemporaryDirectory(prefix="albert-submit-") as stage:
+        for relative in dict.fromkeys([*tracked_files(root), *extra]):
+            source, target = root / relative, Path(stage) / relative
+            if source.name in (".gitignore", ".rayignore") or source.is_symlink():
+                continue
+            if source.is_file():  # a tracked file deleted here is not sent
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+        yield Path(stage)
+
+
+def runtime_env(output_root: str, working_dir: Path,
+                env: os._Environ | dict[str, str] = os.environ) -> dict[str, Any]:
+    """`working_dir`, the output root and the MLflow tracking variables that are not secrets.
+
+    Ray writes runtime envs, env_vars included, to its logs, so MLFLOW_TRACKING_PASSWORD/TOKEN, the user info of
+    a tracking URI, the Ray token and cloud keys are never sent with a job: the cluster's nodes have them in their
+    own environment.
     """
-    forwarded = {k: v for k, v in env.items() if k.startswith("MLFLOW_TRACKING_") and not is_secret_name(k)}
+    forwarded = {k: redact_url(v, mask="") for k, v in env.items()
+                 if k.startswith("MLFLOW_TRACKING_") and not is_secret_name(k)}
     forwarded |= {"ALBERT_DIST_HOME": output_root, "PYTHONUNBUFFERED": "1", **WORKER_ENV}
-    return {"working_dir": str(REPO_ROOT), "excludes": WORKING_DIR_EXCLUDES, "env_vars": forwarded}
+    return {"working_dir": str(working_dir), "env_vars": forwarded}
 
 
 def withheld_secrets(env: os._Environ | dict[str, str] = os.environ) -> list[str]:
-    """Names of the MLflow credentials set here that the job will not receive (see `runtime_env`)."""
-    return sorted(k for k in env if k.startswith("MLFLOW_TRACKING_") and is_secret_name(k))
+    """What of the MLflow credentials set here the job will not receive (see `runtime_env`)."""
+    names = sorted(k for k in env if k.startswith("MLFLOW_TRACKING_") and is_secret_name(k))
+    uri = env.get("MLFLOW_TRACKING_URI", "")
+    return names + (["the user info of MLFLOW_TRACKING_URI"] if redact_url(uri) != uri else [])
 
 
 def submit(kind: str, config: str | None, overrides: list[str], address: str | None, name: str | None = None,
@@ -110,8 +149,9 @@ def submit(kind: str, config: str | None, overrides: list[str], address: str | N
     command = entrypoint(kind, config, overrides)
     if name:
         name = unused_submission_id(jobs, name)
-    submission_id = jobs.submit_job(entrypoint=command, runtime_env=runtime_env(root), submission_id=name,
-                                    metadata={"albert_dist.job": kind})
+    with staged_checkout([_relative_to_repo(config)] if config else []) as working_dir:
+        submission_id = jobs.submit_job(entrypoint=command, runtime_env=runtime_env(root, working_dir),
+                                        submission_id=name, metadata={"albert_dist.job": kind})
     print(f"submitted {submission_id}: {command}", flush=True)
     print(f"outputs under {root} on the cluster", flush=True)
     if withheld := withheld_secrets():

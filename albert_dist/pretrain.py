@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from albert_dist import tracking
+from albert_dist import run_lock, tracking
 from albert_dist.config import PretrainJobConfig, dump_yaml, flatten, resolve_path
 from albert_dist.errors import ConfigError
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
@@ -137,6 +137,7 @@ def prepared_dir(cfg: PretrainJobConfig) -> Path:
     return resolve_path(cfg.data.output, base=resolve_path(cfg.run.output_dir))
 
 
+@run_lock.one_driver_per_run
 def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     from albert_dist.data.loading import load_prepared
     from albert_dist.ray_init import ensure_ray
@@ -210,5 +211,5 @@ def run_pretrain(cfg: PretrainJobConfig) -> int:
     print(f"done: step {m.get('step')}, mlm_accuracy {m.get('mlm_accuracy', float('nan')):.3f}, "
           f"sop_accuracy {m.get('sop_accuracy', float('nan')):.3f}")
     print(f"model: {outcome.model_dir}\nbest model: {outcome.best_model_dir}")
-    print(f"MLflow run {outcome.run_id} at {outcome.tracking_uri}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    print(f"MLflow run {outcome.run_id} at {tracking.redact_url(outcome.tracking_uri)}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
     return 0

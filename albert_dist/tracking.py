@@ -20,11 +20,15 @@ log = logging.getLogger(__name__)
 RUN_ID_FILE = "mlflow_run_id"
 # Values of parameters and tags whose names look like these are never logged.
 _SECRET_NAME = re.compile(r"(token|password|passwd|secret|credential|api[_-]?key|access[_-]?key)", re.I)
+# The user info of a URL (`https://user:password@host`): written as *** wherever a URL is shown or logged.
+_URL_USER_INFO = re.compile(r"(?P<scheme>\b[a-zA-Z][\w+.-]*://)[^/@\s]+@")
 
 
 def _client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
+    if redact_url(tracking_uri) != tracking_uri:  # MLflow prints the run's URL, password included, when it ends
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     return MlflowClient(tracking_uri=tracking_uri)
 
 
@@ -91,8 +95,14 @@ def is_secret_name(name: str) -> bool:
 
 
 def redact(params: dict[str, Any]) -> dict[str, Any]:
-    """Drop values whose key names a secret (tokens, passwords, keys)."""
-    return {k: ("***" if is_secret_name(k) else v) for k, v in params.items()}
+    """Drop values whose key names a secret (tokens, passwords, keys) and the user info of URLs in the others."""
+    return {k: ("***" if is_secret_name(k) else redact_url(v) if isinstance(v, str) else v)
+            for k, v in params.items()}
+
+
+def redact_url(text: str, mask: str = "***@") -> str:
+    """`text` with the user info (`user:password@`) of every URL in it replaced by `mask`."""
+    return _URL_USER_INFO.sub(lambda match: match["scheme"] + mask, text)
 
 
 def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
@@ -154,7 +164,7 @@ class MetricsLogger:
                 del self.pending[:1000]
         except Exception as err:  # noqa: BLE001 - tracking must never stop training
             if not self._warned:
-                print(f"warning: MLflow unreachable ({type(err).__name__}: {str(err)[:200]}); "
+                print(f"warning: MLflow unreachable ({type(err).__name__}: {redact_url(str(err))[:200]}); "
                       f"buffering metrics and retrying at the next log step")
                 self._warned = True
             del self.pending[:-self.max_buffer]
@@ -170,13 +180,13 @@ def log_artifacts(tracking_uri: str, run_id: str, local_dir: str | Path, artifac
 
 
 def log_text(tracking_uri: str, run_id: str, text: str, artifact_file: str) -> None:
-    _client(tracking_uri).log_text(run_id, text, artifact_file)
+    _client(tracking_uri).log_text(run_id, redact_url(text), artifact_file)
 
 
 def ui_hint(tracking_uri: str) -> str:
     if tracking_uri.startswith("sqlite:"):
         return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
-    return f"open {tracking_uri} (through an SSH tunnel or port-forward when it is remote)"
+    return f"open {redact_url(tracking_uri)} (through an SSH tunnel or port-forward when it is remote)"
 
 
 def tracking_env() -> dict[str, str]:

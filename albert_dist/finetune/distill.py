@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from albert_dist import tracking
+from albert_dist import run_lock, tracking
 from albert_dist.config import dump_yaml, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference, job
@@ -196,6 +196,7 @@ class DistillOutcome:
     metrics: dict[str, float]  # see `compare`, plus test_* of the student when there is a test split
 
 
+@run_lock.one_driver_per_run
 def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutcome:
     teacher_dir = cfg.distill.teacher
     if not teacher_dir:
@@ -261,5 +262,5 @@ def run_distill(cfg: DistillJobConfig) -> int:
           f"{m['teacher_sequences_per_s']:.0f}/s, student {m['student_sequences_per_s']:.0f}/s, "
           f"speedup ×{m['speedup']:.2f}")
     print(f"student model: {outcome.model_dir}")
-    print(f"MLflow run {outcome.run_id} at {outcome.tracking_uri}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    print(f"MLflow run {outcome.run_id} at {tracking.redact_url(outcome.tracking_uri)}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
     return 0

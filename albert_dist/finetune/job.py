@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from albert_dist import tracking
+from albert_dist import run_lock, tracking
 from albert_dist.config import TrainSection, dump_yaml, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference
@@ -148,6 +148,7 @@ class FinetuneOutcome:
     metrics: dict[str, float]  # dev_* and test_* of the published (best) model
 
 
+@run_lock.one_driver_per_run
 def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneOutcome:
     init_from = cfg.model.init_from
     if not init_from:
@@ -192,5 +193,5 @@ def run_finetune(cfg: FinetuneJobConfig) -> int:
     print(f"done: step {m.get('step')}{stopped}; best model by dev {cfg.finetune.best_metric}:")
     print("  " + " | ".join(f"{k} {v:.4f}" for k, v in outcome.metrics.items()))
     print(f"model: {outcome.model_dir}")
-    print(f"MLflow run {outcome.run_id} at {outcome.tracking_uri}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    print(f"MLflow run {outcome.run_id} at {tracking.redact_url(outcome.tracking_uri)}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
     return 0

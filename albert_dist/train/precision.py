@@ -33,6 +33,18 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
+def explain_precision(precision: str, use_gpu: bool) -> str:
+    """What `precision` resolves to on this machine and why, in a few words (for summaries)."""
+    device = torch.device("cuda" if use_gpu else "cpu")
+    resolved = resolve_precision(precision, device)
+    if precision != "auto":
+        return f"{resolved} (set by train.precision)"
+    if device.type == "cuda":
+        return f"{resolved} (train.precision=auto: the best half precision this GPU supports)"
+    why = "has native bf16" if resolved == "bf16" else "has no native bf16, which it would emulate many times slower"
+    return f"{resolved} (train.precision=auto: this CPU {why}; on other CPUs the results may differ)"
+
+
 def autocast(precision: str, device: torch.device):
     """The forward-pass context for `precision`; a no-op for fp32."""
     if precision == "fp32":

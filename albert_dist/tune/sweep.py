@@ -14,6 +14,7 @@ from typing import Any
 
 from albert_dist.config import dump_yaml
 from albert_dist.errors import AlbertDistError
+from albert_dist.tracking import redact_url
 from albert_dist.finetune.distill import PROJECTION_FILE
 from albert_dist.train.loop import replace_dir_atomically
 from albert_dist.tune import mlflow_runs, report, space
@@ -107,7 +108,7 @@ def _run(cfg: TuneJobConfig) -> int:
     print(f"best trial {best['trial_id']}: {cfg.tune_metric} {best[cfg.tune_metric]:.4f}")
     print(f"best config: {outcome.best_config}  (albert-dist {cfg.kind} --config {outcome.best_config})")
     print(f"best model: {outcome.best_model}")
-    print(f"MLflow parent run {outcome.parent_run_id} at {outcome.tracking_uri}")
+    print(f"MLflow parent run {outcome.parent_run_id} at {redact_url(outcome.tracking_uri)}")
     return 0
 
 
