@@ -168,3 +168,13 @@ def _masking(**overrides):
     from albert_dist.config import MaskingSection
 
     return MaskingSection(**overrides)
+
+
+def test_exported_tokenizer_loads_in_transformers_with_the_same_ids(tokenizer, tmp_path):
+    """SentencePiece (spiece.model, AlbertTokenizer) and WordPiece (vocab.txt, BertTokenizer) exports alike."""
+    import transformers
+
+    tokenizer.save(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for a, b in zip(ZH_SENTENCES, ZH_SENTENCES[1:]):
+        assert hf(a, b)["input_ids"] == tokenizer.encode_pair(a, b)["input_ids"]
