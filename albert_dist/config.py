@@ -74,12 +74,24 @@ class ModelSection(Section):
 
 
 class TokenizerSection(Section):
-    path: str | None = Field(None, description="An existing tokenizer (dir with spiece.model or vocab.txt); "
-                                               "when empty one is trained on the corpus.")
+    kind: Literal["sentencepiece", "wordpiece"] = Field(
+        "sentencepiece", description="sentencepiece: spiece.model (English ALBERT); wordpiece: a BERT-Chinese "
+                                     "vocab.txt (one token per CJK character, WordPiece for Latin words).")
+    path: str | None = Field(None, description="An existing tokenizer (dir with spiece.model or vocab.txt, or the "
+                                               "file); when empty one is trained on the corpus.")
     vocab_size: int = Field(8000, ge=16)
-    character_coverage: float = Field(0.99995, gt=0, le=1)
+    character_coverage: float = Field(0.99995, gt=0, le=1, description="SentencePiece only.")
     input_sentence_size: int = Field(1_000_000, gt=0, description="Lines sampled from the corpus for training.")
-    model_type: Literal["unigram", "bpe"] = "unigram"
+    model_type: Literal["unigram", "bpe"] = Field("unigram", description="SentencePiece only.")
+
+    @model_validator(mode="after")
+    def _options_fit_kind(self) -> "TokenizerSection":
+        if self.kind == "wordpiece":
+            misplaced = [name for name in ("character_coverage", "model_type")
+                         if getattr(self, name) != type(self).model_fields[name].default]
+            if misplaced:
+                raise ValueError(f"{', '.join(misplaced)} apply to kind=sentencepiece only")
+        return self
 
 
 class MaskingSection(Section):
@@ -111,13 +123,21 @@ class DataSection(Section):
                                                               "pieces of at most this many characters.")
     rows_per_shard: int = Field(50_000, gt=0)
     tokenizer_actors: int = Field(1, ge=1)
-    word_segmenter: Literal["jieba"] | None = None
+    word_segmenter: Literal["jieba"] | None = Field(
+        None, description="jieba: whole-word masking of Chinese words (else each CJK character is a word).")
+    user_dict: str | None = Field(None, description="A jieba user dictionary (one 'word [freq] [tag]' a line).")
     seed: int = 12345
     cache: Literal["auto", "memory", "stream"] = Field(
         "auto", description="How pretraining reads the prepared data. memory: once, into Ray's object store (an "
                             "epoch starts in under a second); stream: the Parquet shards again every epoch and "
                             "evaluation (seconds each; holds no memory); auto: memory when the data takes at most "
                             "a fifth of the object store.")
+
+    @model_validator(mode="after")
+    def _user_dict_needs_segmenter(self) -> "DataSection":
+        if self.user_dict and self.word_segmenter is None:
+            raise ValueError("user_dict needs word_segmenter: jieba")
+        return self
 
 
 class ScalingSection(Section):

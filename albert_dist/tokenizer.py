@@ -102,7 +102,8 @@ def _input_paths(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> lis
     return paths
 
 
-def _read_lines(paths: Sequence[Path], progress: Callable[[str], None]) -> Iterator[str]:
+def _read_lines(paths: Sequence[Path], progress: Callable[[str], None], preprocess: Callable[[str], str],
+               label: str) -> Iterator[str]:
     """Preprocessed non-blank lines of every file, reporting progress every 64 MiB."""
     nbytes = nlines = 0
     next_report = _PROGRESS_EVERY_BYTES
@@ -112,19 +113,19 @@ def _read_lines(paths: Sequence[Path], progress: Callable[[str], None]) -> Itera
                 nbytes += len(raw)
                 nlines += 1
                 if nbytes >= next_report:
-                    progress(f"sentencepiece: read {nbytes / 2**20:,.0f} MiB, {nlines:,} lines (now {path})")
+                    progress(f"{label}: read {nbytes / 2**20:,.0f} MiB, {nlines:,} lines (now {path})")
                     next_report += _PROGRESS_EVERY_BYTES
-                line = albert_preprocess(raw.decode("utf-8", errors="replace"))
+                line = preprocess(raw.decode("utf-8", errors="replace"))
                 if line:
                     yield line
 
 
-def _sample_lines(paths: Sequence[Path], limit: int, rng: random.Random,
-                  progress: Callable[[str], None]) -> list[str]:
+def _sample_lines(paths: Sequence[Path], limit: int, rng: random.Random, progress: Callable[[str], None],
+                  preprocess: Callable[[str], str] = albert_preprocess, label: str = "sentencepiece") -> list[str]:
     """Reservoir-sample at most `limit` lines (memory bounded by the sample), then shuffle."""
     sample: list[str] = []
     seen = 0
-    for seen, line in enumerate(_read_lines(paths, progress), start=1):
+    for seen, line in enumerate(_read_lines(paths, progress, preprocess, label), start=1):
         if len(sample) < limit:
             sample.append(line)
         else:
@@ -132,7 +133,7 @@ def _sample_lines(paths: Sequence[Path], limit: int, rng: random.Random,
             if j < limit:
                 sample[j] = line
     rng.shuffle(sample)
-    progress(f"sentencepiece: training on {len(sample):,} of {seen:,} lines from {len(paths)} file(s)")
+    progress(f"{label}: training on {len(sample):,} of {seen:,} lines from {len(paths)} file(s)")
     return sample
 
 
@@ -161,6 +162,46 @@ def _run_trainer(lines: list[str], prefix: Path, vocab_size: int, *, character_c
             raise TokenizerError(f"vocab_size={vocab_size} is too large for the corpus "
                                  f"({', '.join(map(str, paths))}): at most {limit[1]} pieces fit") from e
         raise TokenizerError(f"sentencepiece training on {', '.join(map(str, paths))} failed: {e}") from e
+
+
+def train_wordpiece(
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    vocab_size: int,
+    *,
+    input_sentence_size: int = 10_000_000,
+    seed: int = 0,
+    progress: Callable[[str], None] = print,
+) -> Path:
+    """Train a BERT-Chinese style `vocab.txt` in `out_dir`, laid out as albert_zh's: [PAD] [UNK] [CLS] [SEP] [MASK]
+    first, each CJK character of the sample one token, WordPiece pieces (`##` continuations) for Latin words and
+    numbers. The `tokenizers` library's WordPiece trainer runs behind BERT's normaliser and pre-tokenizer, which
+    isolate every CJK character; its `##字` entries are dropped (a CJK character is always a word of its own, so
+    they could never be produced) and their room given to Latin pieces. Lines are sampled as for SentencePiece."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    if input_sentence_size < 1:
+        raise TokenizerError(f"input_sentence_size must be at least 1, not {input_sentence_size}")
+    paths = _input_paths(inputs)
+    lines = _sample_lines(paths, input_sentence_size, random.Random(seed), progress, str.strip, "wordpiece")
+    if not lines:
+        raise TokenizerError(f"empty corpus: no non-blank lines in {', '.join(map(str, paths))}")
+    cjk = {c for line in lines for c in line if _is_cjk(ord(c))}
+    model = Tokenizer(models.WordPiece(unk_token=_WordPieceBackend._SPECIAL["unk"],
+                                       max_input_chars_per_word=_WORDPIECE_MAX_CHARS))
+    model.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True)
+    model.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = [_WordPieceBackend._SPECIAL[role] for role in _SPECIAL_ROLES]
+    model.train_from_iterator(lines, trainers.WordPieceTrainer(
+        vocab_size=vocab_size + len(cjk), special_tokens=specials, show_progress=False))
+    ordered = sorted(model.get_vocab().items(), key=lambda item: item[1])
+    tokens = [t for t, _ in ordered if not (t.startswith("##") and len(t) == 3 and _is_cjk(ord(t[2])))]
+    tokens = tokens[:max(vocab_size, len(specials) + len(cjk))]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _WordPieceBackend(tokens, str(out_dir)).save_files(out_dir)
+    progress(f"wordpiece: wrote {out_dir / WORDPIECE_FILE} ({len(tokens)} tokens, {len(cjk)} CJK characters)")
+    return out_dir / WORDPIECE_FILE
 
 
 # --------------------------------------------------------------------------------------------------------------

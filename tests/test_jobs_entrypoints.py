@@ -25,6 +25,11 @@ CONFIG_CLASSES = {
     "distill": ("albert_dist.finetune.config", "DistillJobConfig"),
     "tune_finetune": ("albert_dist.tune.config", "FinetuneTuneConfig"),
     "tune_distill": ("albert_dist.tune.config", "DistillTuneConfig"),
+    "prepare_zh": ("albert_dist.config", "DataJobConfig"),
+    "pretrain_zh": ("albert_dist.config", "PretrainJobConfig"),
+    "clue_lcqmc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "clue_afqmc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "clue_tnews": ("albert_dist.finetune.config", "FinetuneJobConfig"),
 }
 
 

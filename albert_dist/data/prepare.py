@@ -55,8 +55,7 @@ def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
     """Prepare the dataset `cfg` describes; returns the summary (also stored in the manifest)."""
     from albert_dist.ray_init import ensure_ray
 
-    if cfg.data.word_segmenter is not None:
-        raise DataError("data.word_segmenter=jieba is not implemented: Chinese whole-word masking uses characters")
+    user_dict = _read_user_dict(cfg.data.user_dict)
     ensure_ray()
     started = time.perf_counter()
     location = output_location(cfg)
@@ -65,7 +64,7 @@ def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
     with _staging(location) as stage, _execution_context(progress_bars):
         tokenizer = _tokenizer(cfg, files, stage / "tokenizer", log)
         tally = Tally.create()
-        instances = _instances(cfg, files, tokenizer, tally)
+        instances = _instances(cfg, files, tokenizer, tally, user_dict)
         splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static)
         counts = Counter(tally.total())
         counts.update(train_instances=splits["train"]["rows"], eval_instances=splits["eval"]["rows"],
@@ -116,14 +115,15 @@ class Tally:
         return ray.get(self._actor.total.remote())
 
 
-def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally):
+def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally, user_dict: str | None):
     import ray
 
     d = cfg.data
     settings = ProcessSettings(
         spec=InstanceSpec(d.max_seq_length, d.short_seq_prob, tokenizer.cls_id, tokenizer.sep_id),
         language=d.language, max_sentence_chars=d.max_sentence_chars, dupe_factor=d.dupe_factor,
-        eval_fraction=d.eval_fraction, seed=d.seed)
+        eval_fraction=d.eval_fraction, seed=d.seed, word_segmenter=d.word_segmenter,
+        user_dict=user_dict)
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(files, d.format, d.text_field, tally, num_cpus=_READ_CPUS)
     cpus = ray.cluster_resources().get("CPU", 1.0)
@@ -134,21 +134,39 @@ def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally):
         num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)))
 
 
+def _read_user_dict(path: str | None) -> str | None:
+    """The jieba user dictionary's text, read on the driver so that actors on any node get it."""
+    if not path:
+        return None
+    fs, location = filesystem(str(resolve_path(path)))
+    try:
+        with fs.open_input_stream(location) as f:
+            return f.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read data.user_dict {path}: {err}") from None
+
+
 def _tokenizer(cfg: DataJobConfig, files: list[str], out_dir: Path, log: Callable[[str], None]):
     """The configured tokenizer, or one trained on the corpus's sentences; saved into `out_dir`."""
-    from albert_dist.tokenizer import load_tokenizer, train_sentencepiece
+    from albert_dist.tokenizer import load_tokenizer, train_sentencepiece, train_wordpiece
 
-    if cfg.tokenizer.path:
-        tokenizer = load_tokenizer(resolve_path(cfg.tokenizer.path))
+    t = cfg.tokenizer
+    if t.path:
+        tokenizer = load_tokenizer(resolve_path(t.path))
+        if tokenizer.kind != t.kind:
+            raise DataError(f"tokenizer.path {t.path} holds a {tokenizer.kind} tokenizer, not kind={t.kind}")
     else:
-        t = cfg.tokenizer
-        with tempfile.TemporaryDirectory(prefix="albert-spm-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="albert-tok-") as tmp:
             sample = Path(tmp) / "sentences.txt"
             lines = _write_sentence_sample(cfg, files, sample, limit=4 * t.input_sentence_size)
-            log(f"data: training a {t.vocab_size}-piece tokenizer on {lines:,} sentences")
-            train_sentencepiece([sample], out_dir, t.vocab_size, character_coverage=t.character_coverage,
-                                model_type=t.model_type, input_sentence_size=t.input_sentence_size,
+            log(f"data: training a {t.vocab_size}-token {t.kind} tokenizer on {lines:,} sentences")
+            if t.kind == "wordpiece":
+                train_wordpiece([sample], out_dir, t.vocab_size, input_sentence_size=t.input_sentence_size,
                                 seed=cfg.data.seed, progress=log)
+            else:
+                train_sentencepiece([sample], out_dir, t.vocab_size, character_coverage=t.character_coverage,
+                                    model_type=t.model_type, input_sentence_size=t.input_sentence_size,
+                                    seed=cfg.data.seed, progress=log)
         tokenizer = load_tokenizer(out_dir)
     tokenizer.save(out_dir)
     return tokenizer

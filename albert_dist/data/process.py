@@ -1,6 +1,7 @@
 """Documents to instances: split sentences, tokenize, build SOP instances (and static masks), one batch at a time.
 
-`DocumentProcessor` is the Ray Data actor of the pipeline: it holds one tokenizer, loaded once per actor.
+`DocumentProcessor` is the Ray Data actor of the pipeline: it holds one tokenizer and, for Chinese whole-word
+masking, one jieba dictionary, both loaded once per actor.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import pyarrow as pa
 
 from albert_dist.data.instances import InstanceSpec, create_instances, document_rng, stable_hash
 from albert_dist.data.masking import MaskingCollator
+from albert_dist.data.segment import JiebaSegmenter, word_starts
 from albert_dist.data.sentences import cap_length, split_sentences, normalize
 
-_CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff]")
 _SPACES = re.compile(r"\s+")
-_UNDERLINE = "\u2581"
 
 INSTANCE_SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
@@ -42,6 +42,8 @@ class ProcessSettings:
     dupe_factor: int = 1
     eval_fraction: float = 0.0
     seed: int = 12345
+    word_segmenter: str | None = None  # "jieba": Chinese whole words for masking
+    user_dict: str | None = None       # the text of a jieba user dictionary
 
 
 def document_sentences(text: str, presplit: bool, language: str, max_chars: int, counts: Counter) -> list[str]:
@@ -59,20 +61,6 @@ def document_sentences(text: str, presplit: bool, language: str, max_chars: int,
     return capped
 
 
-def word_starts(tokenizer, pieces: list[str], ids: list[int]) -> np.ndarray:
-    """The tokenizer's word starts, plus every CJK character: Chinese has no spaces, so without a word segmenter
-    each character (each piece starting or following one) is a word for whole-word masking."""
-    starts = np.array(tokenizer.word_starts(ids), bool)
-    if any(_CJK.search(p) for p in pieces):
-        previous_cjk = False
-        for i, piece in enumerate(pieces):
-            core = piece.lstrip(_UNDERLINE)
-            if core and (previous_cjk or _CJK.match(core[0])):
-                starts[i] = True
-            previous_cjk = bool(core) and bool(_CJK.match(core[-1]))
-    return starts
-
-
 def is_eval_document(doc_key: str, eval_fraction: float) -> bool:
     """Held out by a stable hash of the document key, so the split never depends on partitioning."""
     return stable_hash("eval:" + doc_key) < eval_fraction * 2**64
@@ -84,6 +72,7 @@ class DocumentProcessor:
     def __init__(self, tokenizer, settings: ProcessSettings, collator: MaskingCollator | None = None,
                  tally: Callable[[Counter], None] | None = None):
         self.tokenizer, self.settings, self.collator, self.tally = tokenizer, settings, collator, tally
+        self.segmenter = JiebaSegmenter(settings.user_dict) if settings.word_segmenter == "jieba" else None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         counts: Counter = Counter()
@@ -109,7 +98,7 @@ class DocumentProcessor:
                 continue
             token_ids = self.tokenizer.convert_tokens_to_ids(pieces)
             ids.append(np.array(token_ids, np.int32))
-            starts.append(word_starts(self.tokenizer, pieces, token_ids))
+            starts.append(word_starts(self.tokenizer, pieces, token_ids, sentence, self.segmenter, counts))
         if not ids:
             counts["empty_documents"] += 1
             return

@@ -110,18 +110,33 @@ class FinetuneJobConfig(Section):
 
 
 class StudentSection(Section):
-    """The student's shape; empty fields keep the teacher's value."""
+    """The student: the teacher's config with these fields changed (empty ones keep the teacher's value, except
+    num_hidden_layers: 4), or, with `init_from`, a separately pretrained smaller ALBERT as it is."""
 
-    num_hidden_layers: int | None = Field(None, gt=0)
+    init_from: str | None = Field(None, description="A pretrained ALBERT directory with the teacher's vocabulary "
+                                                    "(e.g. albert_chinese_tiny for an albert_chinese_base "
+                                                    "teacher): the student starts from it, in its own shape.")
+    num_hidden_layers: int | None = Field(None, gt=0, description="Empty: 4.")
     hidden_size: int | None = Field(None, gt=0)
     num_attention_heads: int | None = Field(None, gt=0)
     intermediate_size: int | None = Field(None, gt=0)
-    init_from_teacher: bool = Field(True, description="Copy every teacher weight whose name and shape fit: with "
-                                                      "the hidden size kept that is all of them (same shared "
-                                                      "groups, fewer layers); otherwise the embeddings.")
+    init_from_teacher: bool | None = Field(None, description="Copy every teacher weight whose name and shape fit: "
+                                                             "with the hidden size kept that is all of them (same "
+                                                             "shared groups, fewer layers); otherwise the "
+                                                             "embeddings. Empty: yes, unless init_from is set.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "StudentSection":
+        if self.init_from:
+            clashing = sorted(self.overrides()) + (["init_from_teacher"] if self.init_from_teacher else [])
+            if clashing:
+                raise ValueError(f"{', '.join(clashing)} cannot be set with init_from: the student is "
+                                 f"{self.init_from} as it is")
+        return self
 
     def overrides(self) -> dict[str, int]:
-        return {k: v for k, v in self.model_dump(exclude={"init_from_teacher"}).items() if v is not None}
+        shape = self.model_dump(exclude={"init_from", "init_from_teacher"})
+        return {k: v for k, v in shape.items() if v is not None}
 
 
 class DistillSection(Section):
@@ -140,7 +155,7 @@ class DistillJobConfig(Section):
 
     run: RunSection = Field(default_factory=lambda: RunSection(name="distill"))
     distill: DistillSection = Field(default_factory=DistillSection)
-    student: StudentSection = Field(default_factory=lambda: StudentSection(num_hidden_layers=4))
+    student: StudentSection = Field(default_factory=StudentSection)
     data: TaskDataSection = Field(default_factory=TaskDataSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)

@@ -9,7 +9,9 @@ when the hidden sizes differ; the projection is training-only and never written 
 (it is kept beside it in checkpoints, for exact resume, and left out of the published model).
 
 When the student keeps the teacher's hidden size, ALBERT's sharing makes initialising it from the teacher free:
-the same shared groups, applied fewer times.
+the same shared groups, applied fewer times. A student of another width can instead start from a separately
+pretrained smaller ALBERT with the same vocabulary (`student.init_from`, e.g. albert_chinese_tiny under an
+albert_chinese_base teacher): logits are distilled whatever the widths, hidden states through the projection.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from albert_dist.finetune import data, inference, job
 from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.task import SequenceClassificationTask
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+from albert_dist.model.checkpoint import load_config
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train.loop import replace_dir_atomically
 
@@ -140,11 +143,18 @@ def build_distill_task(config: dict[str, Any]) -> DistillationTask:
     return DistillationTask(config)
 
 
-def build_student(teacher: AlbertForSequenceClassification, cfg: DistillJobConfig) -> AlbertForSequenceClassification:
-    """The student: the teacher's config with the student's overrides; with `init_from_teacher` every teacher
-    tensor whose name and shape fit is copied (all of them when the hidden size is kept)."""
-    overrides = cfg.student.overrides()
-    layers = overrides.get("num_hidden_layers", teacher.config.num_hidden_layers)
+DEFAULT_STUDENT_LAYERS = 4
+
+
+def build_student(teacher: AlbertForSequenceClassification, cfg: DistillJobConfig,
+                  teacher_dir: str | Path | None = None) -> AlbertForSequenceClassification:
+    """The student: `student.init_from` as it is (a fresh classifier on it), or the teacher's config with the
+    student's overrides; with `init_from_teacher` (the default then) every teacher tensor whose name and shape
+    fit is copied (all of them when the hidden size is kept)."""
+    if cfg.student.init_from:
+        return _pretrained_student(teacher, cfg.student.init_from, teacher_dir)
+    overrides = {"num_hidden_layers": DEFAULT_STUDENT_LAYERS, **cfg.student.overrides()}
+    layers = overrides["num_hidden_layers"]
     if teacher.config.num_hidden_groups > layers:
         raise ConfigError(f"student.num_hidden_layers ({layers}) is below the teacher's num_hidden_groups "
                           f"({teacher.config.num_hidden_groups})")
@@ -154,11 +164,31 @@ def build_student(teacher: AlbertForSequenceClassification, cfg: DistillJobConfi
         raise ConfigError(f"student: {err}") from None
     torch.manual_seed(cfg.run.seed)
     student = AlbertForSequenceClassification(config)
-    if cfg.student.init_from_teacher:
+    if cfg.student.init_from_teacher is not False:
         own = student.state_dict()
         fitting = {k: v for k, v in teacher.state_dict().items() if k in own and own[k].shape == v.shape}
         student.load_state_dict(fitting, strict=False)
     return student
+
+
+def _pretrained_student(teacher: AlbertForSequenceClassification, student_dir: str,
+                        teacher_dir: str | Path | None) -> AlbertForSequenceClassification:
+    """A separately pretrained ALBERT with the teacher's vocabulary (checked token by token when both
+    directories hold a tokenizer), with the teacher's labels on a new classifier."""
+    c = teacher.config
+    student_config = load_config(student_dir)
+    if student_config.vocab_size != c.vocab_size:
+        raise ConfigError(f"student.init_from {student_dir} has a vocabulary of {student_config.vocab_size} "
+                          f"tokens, the teacher {c.vocab_size}: distillation needs the same vocabulary")
+    if teacher_dir is not None:
+        tokens = [load_tokenizer(d).convert_ids_to_tokens(range(c.vocab_size)) for d in (teacher_dir, student_dir)]
+        differing = next((i for i, (a, b) in enumerate(zip(*tokens)) if a != b), None)
+        if differing is not None:
+            raise ConfigError(f"student.init_from {student_dir} has another vocabulary than the teacher (token "
+                              f"{differing}: {tokens[1][differing]!r}, teacher {tokens[0][differing]!r})")
+    return AlbertForSequenceClassification.from_pretrained(
+        student_dir, num_labels=c.num_labels, id2label=c.id2label, label2id=c.label2id,
+        problem_type=c.problem_type)
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -212,7 +242,7 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
     run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, run_dir, cfg.run.name,
                                           tags=job.lineage_tags("distill", teacher_dir))
     student_init = run_dir / "student_init"
-    student = build_student(teacher, cfg)
+    student = build_student(teacher, cfg, teacher_dir)
     replace_dir_atomically(student_init, lambda d: save_with_tokenizer(student, teacher_dir, d))
     tracking.log_params(uri, run_id, {**flatten(cfg), "train.derived_max_steps": train.max_steps,
                                       "train.derived_warmup_steps": train.warmup_steps,

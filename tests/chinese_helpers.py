@@ -1,0 +1,29 @@
+"""Real Chinese sentences (with English words mixed in) and corpora built from them, for the Chinese tests."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+ZH_SENTENCES = [
+    "我们在北京大学学习自然语言处理，老师讲得非常清楚。",
+    "自然语言处理是人工智能领域中的一个重要方向。",
+    "今天上海的天气很好，我们去外滩散步吧！",
+    "他用ALBERT模型做中文文本分类，效果比BERT更好。",
+    "这个开源项目使用Ray Data并行处理大规模语料库。",
+    "研究人员发现，预训练语言模型能够学到丰富的语法知识。",
+    "请把这份报告在星期五之前发给项目经理审阅。",
+    "中华人民共和国的首都是北京，上海是最大的经济中心。",
+    "Deep learning改变了计算机视觉和语音识别的研究方式。",
+    "小明说：“我明天要去图书馆借几本历史书。”",
+    "机器翻译系统需要大量高质量的双语平行语料。",
+    "长江是中国最长的河流，全长约六千三百公里。",
+]
+
+
+def zh_corpus(path: Path, documents: int = 200, seed: int = 0) -> Path:
+    """Blank-line separated documents of 2-6 of the sentences, written without spaces between them."""
+    rng = random.Random(seed)
+    docs = ["".join(rng.sample(ZH_SENTENCES, rng.randint(2, 6))) for _ in range(documents)]
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
