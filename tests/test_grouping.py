@@ -28,11 +28,28 @@ def test_grouped_order_is_a_seeded_permutation_of_batches_of_similar_length():
 
 def test_mega_batches_keep_the_order_random_beyond_their_size():
     lengths = np.arange(2000)  # every length distinct: sorting the whole split would put 1999 first
-    order = data.length_grouped_order(lengths, 4, np.random.default_rng(1))  # mega-batches of 200 rows
+    order = data.length_grouped_order(lengths, 4, np.random.default_rng(1), bucket=1)  # mega-batches of 200 rows
     first = order[:4]
     assert lengths[first].max() - lengths[first].min() < 200  # one batch from one mega-batch
     batch_maxima = [lengths[order[i:i + 4]].max() for i in range(0, 2000, 4)]
     assert max(batch_maxima) == 1999 and batch_maxima.index(1999) > 0
+
+
+def test_rows_of_one_padded_width_keep_their_random_order():
+    """Lengths 9..16 all pad to 16: grouping cannot save padding among them, so it leaves the batches random (a
+    length that tells the label apart does not make batches of one label)."""
+    lengths = np.random.default_rng(0).integers(9, 17, 640)
+    grouped = data.length_grouped_order(lengths, 16, np.random.default_rng(5), bucket=8)
+    plain = np.random.default_rng(5).permutation(640)
+    assert set(map(tuple, np.sort(grouped.reshape(-1, 16), 1))) == set(map(tuple, np.sort(plain.reshape(-1, 16), 1)))
+    assert np.ptp(lengths[grouped[:16]]) >= 5  # a batch still mixes lengths
+
+
+def test_small_splits_get_at_least_four_mega_batches():
+    lengths = np.arange(320)  # 20 batches of 16: mega-batches of 5 batches (transformers' rule), not one of 50
+    order = data.length_grouped_order(lengths, 16, np.random.default_rng(2), bucket=1)
+    maxima = sorted(lengths[order.reshape(-1, 16)].max(1))
+    assert sum(m > 300 for m in maxima) >= 4  # four mega-batches each lead with one of their longest rows
 
 
 def test_sorted_prediction_restores_row_order():

@@ -19,7 +19,7 @@ import torch
 
 from albert_dist.errors import ConfigError, DataError
 
-MEGA_BATCH_MULTIPLE = 50  # batches per length-sorted mega-batch, as transformers' group_by_length
+MEGA_BATCH_MULTIPLE = 50  # at most this many batches per length-sorted mega-batch, as transformers' group_by_length
 
 _FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
             ".parquet": "parquet", ".pq": "parquet"}
@@ -216,16 +216,21 @@ def collate(rows: dict[str, np.ndarray], pad_to_multiple_of: int) -> dict[str, t
     return batch
 
 
-def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                         bucket: int = 8) -> np.ndarray:
     """A random order of the rows in which each run of `batch_size` rows has similar lengths, as transformers'
-    `group_by_length`: a permutation cut into mega-batches of `MEGA_BATCH_MULTIPLE` batches, each sorted longest
-    first. The full batches are then shuffled too, so that batch length does not trend through the epoch; a
-    partial batch stays last (where `drop_last` drops it). Depends only on `rng`'s state: resume stays exact."""
+    `group_by_length`: a permutation cut into mega-batches of up to `MEGA_BATCH_MULTIPLE` batches (fewer for small
+    splits, so that an epoch has at least 4), each sorted longest first. Lengths are compared rounded up to
+    `bucket` (the collator pads to that multiple anyway), so rows of one bucket stay in random order: where the
+    length tells the label apart, batches do not turn into runs of one label. The full batches are then shuffled,
+    so that batch width does not trend through the epoch; a partial batch stays last (where `drop_last` drops it).
+    Depends only on `rng`'s state: resume replays it exactly."""
     order = rng.permutation(len(lengths))
-    mega = MEGA_BATCH_MULTIPLE * batch_size
+    widths = -(-np.asarray(lengths) // bucket)
+    mega = batch_size * max(1, min(len(lengths) // (4 * batch_size), MEGA_BATCH_MULTIPLE))
     for start in range(0, len(order), mega):
         chunk = order[start:start + mega]
-        order[start:start + mega] = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        order[start:start + mega] = chunk[np.argsort(-widths[chunk], kind="stable")]
     full = len(order) // batch_size * batch_size
     shuffled = order[:full].reshape(-1, batch_size)[rng.permutation(full // batch_size)].reshape(-1)
     return np.concatenate([shuffled, order[full:]])

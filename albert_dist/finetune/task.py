@@ -134,7 +134,8 @@ class SequenceClassificationTask(TrainingTask):
         sees exactly the rows not yet trained on."""
         lengths = self._rows("train")["length"]
         rng = np.random.default_rng([self.config["seed"], epoch])
-        order = (data.length_grouped_order(lengths, self.config["batch_size"] * self.world_size, rng)
+        order = (data.length_grouped_order(lengths, self.config["batch_size"] * self.world_size, rng,
+                                           self.config["pad_to_multiple_of"])
                  if self.config["group_by_length"] else rng.permutation(len(lengths)))
         return self._batches("train", self.config["batch_size"], order, drop_last=True)
 
