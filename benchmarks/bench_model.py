@@ -8,11 +8,13 @@ fp16 runs without a GradScaler: this times the step, it does not train.
     python benchmarks/bench_model.py                      # ALBERT-base, 8x128 and 2x512, fp32 and bf16 autocast
     python benchmarks/bench_model.py --steps 1 --rounds 1 --shapes 2x64 --dtypes fp32   # smoke run
     python benchmarks/bench_model.py --device cuda --presets base,large --shapes 32x128,8x512 --dtypes bf16,fp16
+    python benchmarks/bench_model.py --presets tiny --shapes 8x128 --dtypes fp32 --compile   # + torch.compile
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import statistics
 import time
@@ -92,8 +94,11 @@ def train_step(model, optimizer, batch, dtype: torch.dtype) -> None:
 def measure(models: dict, batch, dtype, steps: int, rounds: int) -> dict[str, float]:
     """Median non-padding tokens/s of each model over `rounds` rounds of `steps` steps, interleaved."""
     tokens = int(batch["attention_mask"].sum()) * steps
-    for model, optimizer in models.values():  # warm-up: allocator, AdamW state, autocast caches
+    for name, (model, optimizer) in models.items():  # warm-up: allocator, AdamW state, autocast caches, compile
+        start = time.perf_counter()
         train_step(model, optimizer, batch, dtype)
+        if name == "compiled":
+            print(f"  torch.compile + first step: {time.perf_counter() - start:.0f} s", flush=True)
     rates = {name: [] for name in models}
     for r in range(rounds):
         for name in (list(models) if r % 2 == 0 else list(reversed(models))):
@@ -107,14 +112,17 @@ def measure(models: dict, batch, dtype, steps: int, rounds: int) -> dict[str, fl
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
-def build_models(config: AlbertConfig, device: torch.device) -> dict:
+def build_models(config: AlbertConfig, device: torch.device, compiled: bool = False) -> dict:
+    """Ours and transformers' with the same weights; with `compiled`, also ours under torch.compile."""
     torch.manual_seed(0)
     ours = AlbertForPreTraining(config).train()
     hf_config = transformers.AlbertConfig(**config.to_dict(), attn_implementation="sdpa")  # its fastest on CPU
     theirs = transformers.AlbertForPreTraining(hf_config).train()
     theirs.load_state_dict(ours.state_dict(), strict=False)  # same weights; its decoder is tied as ours
-    return {name: (m.to(device), torch.optim.AdamW(m.parameters(), lr=1e-4))
-            for name, m in (("ours", ours), ("hf", theirs))}
+    models = [("ours", ours), ("hf", theirs)]
+    if compiled:
+        models.append(("compiled", torch.compile(copy.deepcopy(ours))))
+    return {name: (m.to(device), torch.optim.AdamW(m.parameters(), lr=1e-4)) for name, m in models}
 
 
 def cpu_name() -> str:
@@ -134,6 +142,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="8x128,2x512", help="comma-separated BxT")
     parser.add_argument("--dtypes", default="fp32,bf16", help=f"comma-separated, of {', '.join(DTYPES)}")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--compile", action="store_true", help="also time ours under torch.compile")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -151,12 +160,15 @@ def main() -> None:
             config = AlbertConfig.from_preset(preset)
             for shape in args.shapes.split(","):
                 B, T = (int(v) for v in shape.lower().split("x"))
-                models = build_models(config, device)
+                models = build_models(config, device, args.compile)
                 batch = {k: v.to(device) for k, v in make_batch(config, B, T).items()}
                 rates = measure(models, batch, dtype, args.steps, args.rounds)
                 mfu = {name: rate * flops_per_token(config, T) / peak for name, rate in rates.items()}
                 print(f"| {preset} | {dtype_name} | {B}x{T} | {rates['ours']:.0f} | {rates['hf']:.0f} | "
                       f"{rates['ours'] / rates['hf']:.2f}x | {mfu['ours']:.1%} / {mfu['hf']:.1%} |", flush=True)
+                if "compiled" in rates:
+                    print(f"  ours under torch.compile: {rates['compiled']:.0f} tok/s, "
+                          f"{rates['compiled'] / rates['ours']:.2f}x eager", flush=True)
                 del models
 
 
