@@ -1,16 +1,20 @@
-"""Training-step throughput of our AlbertForPreTraining against transformers', same ALBERT-base config and inputs.
+"""Training-step throughput of our AlbertForPreTraining against transformers', same config, weights and inputs.
 
 One step = forward (MLM + SOP losses) + backward + AdamW step. Throughput counts non-padding tokens. The two
 models run interleaved in one process (alternating which goes first each round) and medians are reported, so
-background load hits both alike. MFU = model FLOPs/s over the machine's measured GEMM peak in the same dtype.
+background load hits both alike. MFU = model FLOPs/s over the device's measured GEMM peak in the same dtype.
+fp16 runs without a GradScaler: this times the step, it does not train.
 
-    python benchmarks/bench_model.py                      # 8x128 and 2x512, fp32 and bf16 autocast
+    python benchmarks/bench_model.py                      # ALBERT-base, 8x128 and 2x512, fp32 and bf16 autocast
     python benchmarks/bench_model.py --steps 1 --rounds 1 --shapes 2x64 --dtypes fp32   # smoke run
+    python benchmarks/bench_model.py --device cuda --presets base,large --shapes 32x128,8x512 --dtypes bf16,fp16
+    python benchmarks/bench_model.py --presets tiny --shapes 8x128 --dtypes fp32 --compile   # + torch.compile
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import statistics
 import time
@@ -21,7 +25,7 @@ import transformers
 
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MASK_ID = 4
 
 
@@ -39,25 +43,34 @@ def make_batch(config: AlbertConfig, B: int, T: int, seed: int = 0) -> dict[str,
                 labels=torch.where(targets, ids, -100), sentence_order_label=torch.randint(0, 2, (B,), generator=g))
 
 
-def gemm_peak(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> tuple[float, str]:
+def gemm_peak(dtype: torch.dtype, device: torch.device, n: int = 2048, reps: int = 3) -> tuple[float, str]:
     """Best FLOP/s of an n x n x n product in `dtype`, and the op that reached it.
 
     torch.matmul and F.linear are both probed (at n=256) because they can take different kernels: on CPUs without
     native bf16, bf16 torch.matmul falls back to a slow generic kernel while F.linear (what the models' dense
-    layers run) goes through oneDNN. The faster one is then timed at full size.
+    layers run) goes through oneDNN. The faster one is then timed at full size (8192 on a GPU).
     """
+    n = 8192 if device.type == "cuda" else n
+
     def rate(op, size: int) -> float:
-        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
         op(a, b)
         best = 0.0
         for _ in range(reps):
+            synchronize(device)
             start = time.perf_counter()
             op(a, b)
+            synchronize(device)
             best = max(best, 2 * size**3 / (time.perf_counter() - start))
         return best
 
     op = max((torch.matmul, F.linear), key=lambda op: rate(op, 256))
     return rate(op, n), "torch.matmul" if op is torch.matmul else "F.linear"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def flops_per_token(config: AlbertConfig, T: int) -> float:
@@ -70,7 +83,8 @@ def flops_per_token(config: AlbertConfig, T: int) -> float:
 
 
 def train_step(model, optimizer, batch, dtype: torch.dtype) -> None:
-    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+    device_type = batch["input_ids"].device.type
+    with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
         loss = model(**batch).loss
     loss.backward()
     optimizer.step()
@@ -80,26 +94,35 @@ def train_step(model, optimizer, batch, dtype: torch.dtype) -> None:
 def measure(models: dict, batch, dtype, steps: int, rounds: int) -> dict[str, float]:
     """Median non-padding tokens/s of each model over `rounds` rounds of `steps` steps, interleaved."""
     tokens = int(batch["attention_mask"].sum()) * steps
-    for model, optimizer in models.values():  # warm-up: allocator, AdamW state, autocast caches
+    for name, (model, optimizer) in models.items():  # warm-up: allocator, AdamW state, autocast caches, compile
+        start = time.perf_counter()
         train_step(model, optimizer, batch, dtype)
+        if name == "compiled":
+            print(f"  torch.compile + first step: {time.perf_counter() - start:.0f} s", flush=True)
     rates = {name: [] for name in models}
     for r in range(rounds):
         for name in (list(models) if r % 2 == 0 else list(reversed(models))):
             model, optimizer = models[name]
+            synchronize(batch["input_ids"].device)
             start = time.perf_counter()
             for _ in range(steps):
                 train_step(model, optimizer, batch, dtype)
+            synchronize(batch["input_ids"].device)
             rates[name].append(tokens / (time.perf_counter() - start))
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
-def build_models(config: AlbertConfig) -> dict:
+def build_models(config: AlbertConfig, device: torch.device, compiled: bool = False) -> dict:
+    """Ours and transformers' with the same weights; with `compiled`, also ours under torch.compile."""
     torch.manual_seed(0)
     ours = AlbertForPreTraining(config).train()
     hf_config = transformers.AlbertConfig(**config.to_dict(), attn_implementation="sdpa")  # its fastest on CPU
     theirs = transformers.AlbertForPreTraining(hf_config).train()
     theirs.load_state_dict(ours.state_dict(), strict=False)  # same weights; its decoder is tied as ours
-    return {name: (m, torch.optim.AdamW(m.parameters(), lr=1e-4)) for name, m in (("ours", ours), ("hf", theirs))}
+    models = [("ours", ours), ("hf", theirs)]
+    if compiled:
+        models.append(("compiled", torch.compile(copy.deepcopy(ours))))
+    return {name: (m.to(device), torch.optim.AdamW(m.parameters(), lr=1e-4)) for name, m in models}
 
 
 def cpu_name() -> str:
@@ -115,26 +138,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--presets", default="base", help="comma-separated model presets (base, large, ...)")
     parser.add_argument("--shapes", default="8x128,2x512", help="comma-separated BxT")
     parser.add_argument("--dtypes", default="fp32,bf16", help=f"comma-separated, of {', '.join(DTYPES)}")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--compile", action="store_true", help="also time ours under torch.compile")
     args = parser.parse_args()
 
-    config = AlbertConfig.from_preset("base")
-    print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads; torch {torch.__version__}, "
-          f"transformers {transformers.__version__}; ALBERT-base, AdamW, {args.rounds} rounds x {args.steps} steps")
+    device = torch.device(args.device)
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{cpu_name()}, {torch.get_num_threads()} threads")
+    print(f"machine: {where}; torch {torch.__version__}, transformers {transformers.__version__}; AdamW, "
+          f"{args.rounds} rounds x {args.steps} steps")
+    print("| preset | dtype | shape | ours tok/s | transformers tok/s | ratio | MFU ours / transformers |")
+    print("|---|---|---|---|---|---|---|")
     for dtype_name in args.dtypes.split(","):
         dtype = DTYPES[dtype_name]
-        peak, op = gemm_peak(dtype)
-        print(f"\n[{dtype_name}] measured GEMM peak {peak / 1e9:.1f} GFLOP/s ({op}, 2048^3)")
-        for shape in args.shapes.split(","):
-            B, T = (int(v) for v in shape.lower().split("x"))
-            models = build_models(config)
-            rates = measure(models, make_batch(config, B, T), dtype, args.steps, args.rounds)
-            mfu = {name: rate * flops_per_token(config, T) / peak for name, rate in rates.items()}
-            print(f"[{dtype_name}] {B}x{T}: ours {rates['ours']:.0f} tok/s (MFU {mfu['ours']:.1%}), "
-                  f"transformers {rates['hf']:.0f} tok/s (MFU {mfu['hf']:.1%}), "
-                  f"ratio {rates['ours'] / rates['hf']:.2f}x", flush=True)
-            del models
+        peak, op = gemm_peak(dtype, device)
+        print(f"[{dtype_name}] measured GEMM peak {peak / 1e12:.3g} TFLOP/s ({op})", flush=True)
+        for preset in args.presets.split(","):
+            config = AlbertConfig.from_preset(preset)
+            for shape in args.shapes.split(","):
+                B, T = (int(v) for v in shape.lower().split("x"))
+                models = build_models(config, device, args.compile)
+                batch = {k: v.to(device) for k, v in make_batch(config, B, T).items()}
+                rates = measure(models, batch, dtype, args.steps, args.rounds)
+                mfu = {name: rate * flops_per_token(config, T) / peak for name, rate in rates.items()}
+                print(f"| {preset} | {dtype_name} | {B}x{T} | {rates['ours']:.0f} | {rates['hf']:.0f} | "
+                      f"{rates['ours'] / rates['hf']:.2f}x | {mfu['ours']:.1%} / {mfu['hf']:.1%} |", flush=True)
+                if "compiled" in rates:
+                    print(f"  ours under torch.compile: {rates['compiled']:.0f} tok/s, "
+                          f"{rates['compiled'] / rates['ours']:.2f}x eager", flush=True)
+                del models
 
 
 if __name__ == "__main__":

@@ -3,7 +3,15 @@ import math
 import pytest
 import torch
 
-from albert_dist.train.optim import Lamb, build_scheduler, is_decayed, parameter_groups, warmup_poly_decay
+from albert_dist.model import AlbertConfig, AlbertForPreTraining
+from albert_dist.train.optim import (
+    Lamb,
+    build_optimizer,
+    build_scheduler,
+    is_decayed,
+    parameter_groups,
+    warmup_poly_decay,
+)
 
 
 def reference_lamb_step(w, g, m, v, lr, wd, beta1=0.9, beta2=0.999, eps=1e-6, trust=True):
@@ -39,6 +47,51 @@ def test_lamb_no_trust_ratio_for_excluded_groups_and_zero_weights():
     opt.step()
     expected, _, _ = reference_lamb_step(torch.zeros(3), torch.tensor([1.0, -2.0, 0.5]), 0, 0, 0.1, 0.0)
     torch.testing.assert_close(p.detach(), expected)
+
+
+def small_albert() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AlbertForPreTraining(AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
+                                             num_attention_heads=2, intermediate_size=32, max_position_embeddings=16))
+
+
+def test_multi_tensor_lamb_matches_the_reference_on_every_albert_parameter():
+    """Every parameter of a (small) ALBERT, decay and no-decay groups, a frozen-this-step parameter (no grad):
+    the multi-tensor step equals google's per-parameter formula over several steps."""
+    model = small_albert()
+    named = dict(model.named_parameters())
+    opt = build_optimizer("lamb", parameter_groups(named.items(), 0.01), lr=0.02, betas=(0.9, 0.999), eps=1e-6,
+                          weight_decay=0.01)
+    expected = {n: (p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)) for n, p in named.items()}
+    skipped = "albert.pooler.bias"
+    for step in range(3):
+        grads = {n: torch.randn_like(p) for n, p in named.items()}
+        for n, p in named.items():
+            p.grad = None if n == skipped else grads[n].clone()
+            if p.grad is not None:
+                expected[n] = reference_lamb_step(*expected[n][:1], grads[n], *expected[n][1:], lr=0.02,
+                                                  wd=0.01 if is_decayed(n) else 0.0, trust=is_decayed(n))
+        opt.step()
+    for n, p in named.items():
+        torch.testing.assert_close(p.detach(), expected[n][0], rtol=1e-5, atol=1e-6, msg=n)  # skipped one unmoved
+    torch.testing.assert_close(opt.state[named["albert.embeddings.word_embeddings.weight"]]["exp_avg_sq"],
+                               expected["albert.embeddings.word_embeddings.weight"][2])
+
+
+def test_adamw_is_torch_fused_with_the_for_loop_results():
+    model, reference = small_albert(), small_albert()
+    settings = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    opt = build_optimizer("adamw", parameter_groups(model.named_parameters(), 0.1), **settings)
+    ref = torch.optim.AdamW(parameter_groups(reference.named_parameters(), 0.1), **settings, foreach=False)
+    assert opt.defaults["fused"]
+    for _ in range(3):
+        for p, q in zip(model.parameters(), reference.parameters()):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        opt.step()
+        ref.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
 def test_parameter_groups_exclude_layernorm_and_bias():

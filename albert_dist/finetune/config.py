@@ -53,6 +53,9 @@ class TaskDataSection(Section):
     split_seed: int = 12345
     max_seq_length: int = Field(128, ge=8, le=8192)
     pad_to_multiple_of: int = Field(8, ge=1)
+    group_by_length: bool = Field(True, description="Training batches of rows of similar length (seeded mega-batches "
+                                                    "sorted by length, as transformers' group_by_length): less "
+                                                    "padding; false: plain random batches.")
 
 
 class FinetuneSection(Section):

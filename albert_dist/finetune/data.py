@@ -2,7 +2,9 @@
 
 Files are read with pyarrow. Tokenization happens once, in the driver, into arrays padded to `max_seq_length`
 with each row's length kept; batches are cut back to the longest row (rounded up to a multiple of 8) when
-collated, so little compute goes to padding. Every problem with the input is a `DataError` naming file and column.
+collated, and rows of similar length are batched together (`length_grouped_order` for training,
+`length_sorted_order` for evaluation and prediction), so little compute goes to padding. Every problem with the
+input is a `DataError` naming file and column.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import pyarrow as pa
 import torch
 
 from albert_dist.errors import ConfigError, DataError
+
+MEGA_BATCH_MULTIPLE = 50  # at most this many batches per length-sorted mega-batch, as transformers' group_by_length
 
 _FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
             ".parquet": "parquet", ".pq": "parquet"}
@@ -212,7 +216,33 @@ def collate(rows: dict[str, np.ndarray], pad_to_multiple_of: int) -> dict[str, t
     return batch
 
 
-def batches(encoded: EncodedSplit, batch_size: int, pad_to_multiple_of: int):
-    """In-process batches of an encoded split, in row order (driver-side evaluation, prediction)."""
+def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                         bucket: int = 8) -> np.ndarray:
+    """A random order of the rows in which each run of `batch_size` rows has similar lengths, as transformers'
+    `group_by_length`: a permutation cut into mega-batches of up to `MEGA_BATCH_MULTIPLE` batches (fewer for small
+    splits, so that an epoch has at least 4), each sorted longest first. Lengths are compared rounded up to
+    `bucket` (the collator pads to that multiple anyway), so rows of one bucket stay in random order: where the
+    length tells the label apart, batches do not turn into runs of one label. The full batches are then shuffled,
+    so that batch width does not trend through the epoch; a partial batch stays last (where `drop_last` drops it).
+    Depends only on `rng`'s state: resume replays it exactly."""
+    order = rng.permutation(len(lengths))
+    widths = -(-np.asarray(lengths) // bucket)
+    mega = batch_size * max(1, min(len(lengths) // (4 * batch_size), MEGA_BATCH_MULTIPLE))
+    for start in range(0, len(order), mega):
+        chunk = order[start:start + mega]
+        order[start:start + mega] = chunk[np.argsort(-widths[chunk], kind="stable")]
+    full = len(order) // batch_size * batch_size
+    shuffled = order[:full].reshape(-1, batch_size)[rng.permutation(full // batch_size)].reshape(-1)
+    return np.concatenate([shuffled, order[full:]])
+
+
+def length_sorted_order(lengths: np.ndarray) -> np.ndarray:
+    """Rows longest first (stable): batches of near-equal width where the order does not change the result."""
+    return np.argsort(-np.asarray(lengths), kind="stable")
+
+
+def batches(encoded: EncodedSplit, batch_size: int, pad_to_multiple_of: int, order: np.ndarray | None = None):
+    """In-process batches of an encoded split, in `order` (default: row order)."""
     for start in range(0, len(encoded), batch_size):
-        yield collate({k: v[start:start + batch_size] for k, v in encoded.arrays.items()}, pad_to_multiple_of)
+        index = slice(start, start + batch_size) if order is None else order[start:start + batch_size]
+        yield collate({k: v[index] for k, v in encoded.arrays.items()}, pad_to_multiple_of)

@@ -1,4 +1,5 @@
-"""In-process inference with a sequence classifier: logits over encoded rows, dev/test metrics, throughput.
+"""In-process inference with a sequence classifier: logits over encoded rows, dev/test metrics, throughput, and
+the truncation length saved with a fine-tuned model.
 
 Used by the drivers (final dev/test metrics, teacher vs student), by prediction and by the benchmark, so that
 all of them measure the same way.
@@ -6,7 +7,9 @@ all of them measure the same way.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -14,6 +17,29 @@ import torch
 
 from albert_dist.finetune import data, metrics
 from albert_dist.train import precision as amp
+
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+FALLBACK_MAX_SEQ_LENGTH = 512  # models that recorded none (google's, most on the Hub)
+
+
+def save_max_seq_length(model_dir: str | Path, max_seq_length: int) -> None:
+    """Record the length the model was fine-tuned at as `model_max_length` in its tokenizer_config.json, where
+    transformers' tokenizers read their truncation length too (call after saving the tokenizer)."""
+    path = Path(model_dir) / TOKENIZER_CONFIG
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, "model_max_length": max_seq_length}, indent=2) + "\n")
+
+
+def saved_max_seq_length(model_dir: str | Path) -> int:
+    """The length to truncate inputs at: the one saved with the model, else FALLBACK_MAX_SEQ_LENGTH (also in place
+    of transformers' "no limit" placeholder, a huge integer)."""
+    path = Path(model_dir) / TOKENIZER_CONFIG
+    try:
+        value = json.loads(path.read_text()).get("model_max_length")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        value = None
+    return int(value) if isinstance(value, (int, float)) and 0 < value < 1e6 else FALLBACK_MAX_SEQ_LENGTH
 
 
 @torch.no_grad()
@@ -33,10 +59,20 @@ def predict_logits(model: torch.nn.Module, batches: Iterable[dict[str, torch.Ten
     return np.concatenate(outputs) if outputs else np.zeros((0, model.config.num_labels), np.float32)
 
 
+def split_logits(model: torch.nn.Module, encoded: data.EncodedSplit, batch_size: int = 64,
+                 pad_to_multiple_of: int = 8, precision: str = "fp32") -> np.ndarray:
+    """Logits of every row of `encoded`, in row order, computed over batches of rows sorted by length."""
+    order = data.length_sorted_order(encoded.arrays["length"])
+    logits = predict_logits(model, data.batches(encoded, batch_size, pad_to_multiple_of, order), precision)
+    restored = np.empty_like(logits)
+    restored[order] = logits
+    return restored
+
+
 def evaluate(model: torch.nn.Module, encoded: data.EncodedSplit, *, task: str, batch_size: int = 64,
              pad_to_multiple_of: int = 8, precision: str = "fp32") -> dict[str, float]:
     """Task metrics of `model` on an encoded, labelled split."""
-    logits = predict_logits(model, data.batches(encoded, batch_size, pad_to_multiple_of), precision)
+    logits = split_logits(model, encoded, batch_size, pad_to_multiple_of, precision)
     return metrics.task_metrics(task, logits, encoded.arrays["label"], model.config.num_labels)
 
 

@@ -99,7 +99,9 @@ def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: Fin
         "lr_scales": dict(finetune.lr_scales), "batch_size": train.batch_size,
         "eval_batch_size": finetune.eval_batch_size, "grad_accum_steps": train.grad_accum_steps,
         "micro_batches_per_epoch": per_epoch, "eval_rows": len(task_data.splits["dev"]), "seed": seed,
-        "pad_to_multiple_of": data_section.pad_to_multiple_of, **extra,
+        "pad_to_multiple_of": data_section.pad_to_multiple_of, "group_by_length": data_section.group_by_length,
+        "max_seq_length": data_section.max_seq_length,
+        **extra,
     }
 
 

@@ -1,8 +1,10 @@
 """`albert-dist predict`: labels and probabilities (or regression scores) for every row of a table.
 
 Small inputs run in this process; above `actor_threshold` rows the work goes to Ray Data `map_batches` with a
-pool of actors, each loading the model and tokenizer once. The output (CSV, JSONL or Parquet, by extension)
-holds the input columns plus `label` and one `prob_<label>` column per class (`score` for regression), and is
+pool of actors, each loading the model and tokenizer once. Rows are predicted in batches sorted by length (little
+padding) and written back in input order. The output (CSV, JSONL or Parquet, by extension) holds every input
+column unchanged plus `predicted_label` and one `prob_<label>` column per class (`predicted_score` for
+regression); texts are truncated at the `max_seq_length` the model was fine-tuned with (saved with it). It is
 written to a temporary file beside the target, then renamed, so it appears whole or not at all.
 """
 
@@ -17,15 +19,17 @@ import pyarrow as pa
 
 from albert_dist.errors import DataError
 from albert_dist.finetune import data, inference
+from albert_dist.model.checkpoint import load_config
 
 ACTOR_THRESHOLD = 20_000
 
 
 class Predictor:
-    """Model + tokenizer loaded once; maps a batch of rows (column → array) to its prediction columns."""
+    """Model + tokenizer loaded once; maps a batch of rows (column → array) to the rows plus their prediction
+    columns."""
 
     def __init__(self, model_dir: str | Path, text_column: str, text_pair_column: str | None, batch_size: int,
-                 max_seq_length: int = 512, precision: str = "auto"):
+                 precision: str = "auto"):
         from albert_dist.model import AlbertForSequenceClassification
         from albert_dist.tokenizer import load_tokenizer
 
@@ -33,27 +37,38 @@ class Predictor:
         self.tokenizer = load_tokenizer(model_dir)
         self.text_column, self.text_pair_column = text_column, text_pair_column
         self.batch_size, self.precision = batch_size, precision
-        self.max_seq_length = min(max_seq_length, self.model.config.max_position_embeddings)
+        self.max_seq_length = min(inference.saved_max_seq_length(model_dir),
+                                  self.model.config.max_position_embeddings)
 
     def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = ["" if v is None else str(v) for v in rows[self.text_column]]
         pairs = (["" if v is None else str(v) for v in rows[self.text_pair_column]]
                  if self.text_pair_column else None)
-        arrays = data.encode_texts(self.tokenizer, texts, pairs, self.max_seq_length)
-        logits = inference.predict_logits(self.model, data.batches(data.EncodedSplit(arrays), self.batch_size, 8),
-                                          self.precision)
+        encoded = data.EncodedSplit(data.encode_texts(self.tokenizer, texts, pairs, self.max_seq_length))
+        logits = inference.split_logits(self.model, encoded, self.batch_size, precision=self.precision)
         return {**rows, **self.columns(logits)}
 
     def columns(self, logits: np.ndarray) -> dict[str, np.ndarray]:
         config = self.model.config
-        if config.num_labels == 1 or config.problem_type == "regression":
-            return {"score": logits[:, 0]}
+        if is_regression(config):
+            return {"predicted_score": logits[:, 0]}
         shifted = np.exp(logits - logits.max(-1, keepdims=True))
         probabilities = shifted / shifted.sum(-1, keepdims=True)
         names = [config.id2label[i] for i in range(config.num_labels)]
-        out = {"label": np.asarray(names, dtype=object)[probabilities.argmax(-1)]}
+        out = {"predicted_label": np.asarray(names, dtype=object)[probabilities.argmax(-1)]}
         out.update({f"prob_{name}": probabilities[:, i] for i, name in enumerate(names)})
         return out
+
+
+def is_regression(config) -> bool:
+    return config.num_labels == 1 or config.problem_type == "regression"
+
+
+def output_columns(config) -> list[str]:
+    """The columns prediction adds, in the order `Predictor.columns` writes them."""
+    if is_regression(config):
+        return ["predicted_score"]
+    return ["predicted_label"] + [f"prob_{config.id2label[i]}" for i in range(config.num_labels)]
 
 
 def run_predict(model_dir: str | Path, input_path: str | Path, output_path: str | Path, *, text_column: str = "text",
@@ -64,6 +79,9 @@ def run_predict(model_dir: str | Path, input_path: str | Path, output_path: str 
     table = data.read_table(input_path)
     data.require_columns(table, input_path, text_column=text_column, text_pair_column=text_pair_column)
     args = (str(model_dir), text_column, text_pair_column, batch_size)
+    taken = [name for name in output_columns(load_config(model_dir)) if name in table.column_names]
+    if taken:
+        raise DataError(f"{input_path}: its column {taken[0]!r} would be overwritten by the prediction; rename it")
     if table.num_rows < actor_threshold:
         result = pa.table(Predictor(*args, precision=precision)(_numpy_columns(table)))
     else:
@@ -84,7 +102,8 @@ def _predict_with_ray(table: pa.Table, args: tuple, precision: str, num_actors: 
     context.execution_options.preserve_order = True  # output rows in input order
     dataset = ray.data.from_arrow(table).map_batches(
         Predictor, fn_constructor_args=args, fn_constructor_kwargs={"precision": precision},
-        compute=ray.data.ActorPoolStrategy(size=num_actors), batch_size=max(batch_size, 256), batch_format="numpy")
+        compute=ray.data.ActorPoolStrategy(size=num_actors), batch_size=max(16 * batch_size, 1024),
+        batch_format="numpy")  # each actor call sorts its rows by length: more rows, less padding
     return pa.concat_tables(ray.get(dataset.to_arrow_refs()))
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from albert_dist.finetune import data, lr_groups, metrics
+from albert_dist.finetune import data, inference, lr_groups, metrics
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train.loop import TrainingTask
@@ -79,6 +79,7 @@ class SequenceClassificationTask(TrainingTask):
     def save_model(self, model, directory: Path) -> None:
         model.save_pretrained(directory)
         self.tokenizer.save(directory)
+        inference.save_max_seq_length(directory, self.config["max_seq_length"])
 
     # ------------------------------------------------------------------------------------------------- loss
     def loss(self, model, batch):
@@ -128,14 +129,20 @@ class SequenceClassificationTask(TrainingTask):
             yield data.collate({k: rows[k][order[index]] for k in columns}, self.config["pad_to_multiple_of"])
 
     def train_batches(self, epoch):
-        """A new seeded permutation each epoch, the same on every rank; each rank takes its slice of every
-        global batch, so resuming at a micro-batch index sees exactly the rows not yet trained on."""
-        count = len(self._rows("train")["row"])
-        order = np.random.default_rng([self.config["seed"], epoch]).permutation(count)
+        """A new seeded order each epoch, the same on every rank (rows of similar length in each global batch with
+        `group_by_length`); each rank takes its slice of every global batch, so resuming at a micro-batch index
+        sees exactly the rows not yet trained on."""
+        lengths = self._rows("train")["length"]
+        rng = np.random.default_rng([self.config["seed"], epoch])
+        order = (data.length_grouped_order(lengths, self.config["batch_size"] * self.world_size, rng,
+                                           self.config["pad_to_multiple_of"])
+                 if self.config["group_by_length"] else rng.permutation(len(lengths)))
         return self._batches("train", self.config["batch_size"], order, drop_last=True)
 
     def eval_batches(self):
-        return self._batches("dev", self.config["eval_batch_size"])
+        """Longest rows first: evaluation statistics are sums, so the order only changes the padding."""
+        order = data.length_sorted_order(self._rows("dev")["length"])
+        return self._batches("dev", self.config["eval_batch_size"], order)
 
     # ----------------------------------------------------------------------------------- evaluation points
     def should_evaluate(self, step: int) -> bool:

@@ -1,7 +1,8 @@
 """Optimizers and learning-rate schedules: LAMB as google-research/albert's, AdamW, warmup + polynomial decay.
 
 torch has no LAMB and the packaged ones differ from google's (bias correction, trust ratio on every parameter),
-so it is written here, following `lamb_optimizer.py` of google-research/albert.
+so it is written here, following `lamb_optimizer.py` of google-research/albert, with multi-tensor
+(`torch._foreach_*`) kernels; AdamW is torch's fused one.
 """
 
 from __future__ import annotations
@@ -55,29 +56,44 @@ class Lamb(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One step for each group in a handful of multi-tensor (`torch._foreach_*`) kernels instead of a Python
+        loop of ~10 small ops per parameter: the per-parameter trust ratios come from one `_foreach_norm` each for
+        the weights and the updates."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad.float()
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                update = m / (v.sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(p.float(), alpha=group["weight_decay"])
-                ratio = 1.0
-                if group["use_trust_ratio"]:
-                    w_norm, u_norm = p.float().norm(), update.norm()
-                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.add_((update * ratio).to(p.dtype), alpha=-group["lr"])
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._group_step(group, params)
         return loss
+
+    def _group_step(self, group: dict, params: list[torch.Tensor]) -> None:
+        beta1, beta2 = group["betas"]
+        for p in params:
+            if not self.state[p]:
+                self.state[p]["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                self.state[p]["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        m = [self.state[p]["exp_avg"] for p in params]
+        v = [self.state[p]["exp_avg_sq"] for p in params]
+        grads = [p.grad.float() for p in params]
+        weights = [p.float() for p in params]  # the parameters themselves when they are float32
+        torch._foreach_mul_(m, beta1)
+        torch._foreach_add_(m, grads, alpha=1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+        denominators = torch._foreach_sqrt(v)
+        torch._foreach_add_(denominators, group["eps"])
+        updates = torch._foreach_div(m, denominators)
+        if group["weight_decay"]:
+            torch._foreach_add_(updates, weights, alpha=group["weight_decay"])
+        if group["use_trust_ratio"]:
+            w_norm = torch.stack(torch._foreach_norm(weights))
+            u_norm = torch.stack(torch._foreach_norm(updates))
+            ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+            torch._foreach_mul_(updates, list(ratio.unbind()))
+        torch._foreach_add_(weights, updates, alpha=-group["lr"])
+        for p, w in zip(params, weights):
+            if w is not p:  # a half-precision parameter: its float32 copy took the step
+                p.copy_(w)
 
 
 def build_optimizer(kind: str, groups: list[dict], lr: float, betas: tuple[float, float], eps: float,
@@ -87,7 +103,8 @@ def build_optimizer(kind: str, groups: list[dict], lr: float, betas: tuple[float
     if kind == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     if kind == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        # torch's fused kernel: one pass over each tensor per step, on CPU as on CUDA
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
     raise ValueError(f"unknown optimizer {kind!r}")
 
 
