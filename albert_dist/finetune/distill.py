@@ -218,6 +218,7 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
                                       "student.num_parameters": parameter_count(student),
                                       "teacher.num_parameters": parameter_count(teacher)})
     tracking.log_text(uri, run_id, dump_yaml(cfg), "config/distill.yaml")
+    job.log_task_data(uri, run_id, cfg.data, task_data)
     print(f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
           f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
           f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
@@ -240,8 +241,10 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
     if "test" in task_data.splits:
         values.update({f"test_{k}": v for k, v in inference.evaluate(
             student, task_data.splits["test"], task="classification", precision=cfg.train.precision).items()})
-    job.log_final(uri, run_id, values, int(result.metrics.get("step", train.max_steps)))
+    step = int(result.metrics.get("step", train.max_steps))
+    job.log_final(uri, run_id, values, step)
     tracking.log_artifacts(uri, run_id, model_dir, "model")
+    job.log_final_model(cfg, uri, run_id, model_dir, step)
     tracking.finish_run(uri, run_id)
     return DistillOutcome(model_dir, uri, run_id, result.metrics, values)
 
