@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from albert_dist.console import quiet_ray
+
 
 # Ray Train 2.60 sends a worker's print both to Ray's stdout wrapper and to its logger, so every progress line
 # would reach the console twice; with the redirection off it reaches it once, through Ray's usual log forwarding.
@@ -21,3 +23,4 @@ def ensure_ray() -> None:
     # a local Ray gets its dashboard: Ray Train's placement-group cleaner asks the state API it serves whether the
     # training controller is alive, and logs a warning every second while it cannot
     ray.init(address=os.environ.get("RAY_ADDRESS") or "local", configure_logging=False)
+    quiet_ray()  # Ray's own log lines to a file unless --verbose
