@@ -30,6 +30,8 @@ _SECRET_NAME = re.compile(r"(token|password|passwd|secret|credential|api[_-]?key
 def _client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
+    # the jobs print where their run is themselves; MLflow's own "View run … at <URI>" line would repeat it
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     return MlflowClient(tracking_uri=tracking_uri)
 
 

@@ -56,7 +56,7 @@ def jobs(tmp_path_factory, server, ray_session):
         "run.name=pre", "model.embedding_size=16", "model.hidden_size=32", "model.num_hidden_layers=1",
         "model.num_attention_heads=2", "model.intermediate_size=64", "scaling.num_workers=1",
         "scaling.cpus_per_worker=0.5", "train.precision=fp32", "train.max_steps=4", "train.batch_size=8",
-        "train.eval_every=4", "train.eval_batches=1", "tracking.register_model=ui-pretrained"]))
+        "train.warmup_steps=1", "train.eval_every=4", "train.eval_batches=1", "tracking.register_model=ui-pretrained"]))
     write_csv(root / "train.csv", single_rows(128, seed=1))
     write_csv(root / "dev.csv", single_rows(32, seed=2))
     task = {"run": {"output_dir": str(root)}, "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
