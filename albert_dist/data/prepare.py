@@ -67,7 +67,7 @@ def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
         tokenizer = _tokenizer(cfg, files, stage / "tokenizer", log)
         tally = Tally.create()
         instances = _instances(cfg, files, tokenizer, tally)
-        splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static)
+        splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static, log)
         counts = Counter(tally.total())
         counts.update(train_instances=splits["train"]["rows"], eval_instances=splits["eval"]["rows"],
                       instances=splits["train"]["rows"] + splits["eval"]["rows"])
@@ -128,11 +128,22 @@ def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally):
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(files, d.format, d.text_field, tally, num_cpus=_READ_CPUS)
     cpus = ray.cluster_resources().get("CPU", 1.0)
+    stored = ray.put({"tokenizer": tokenizer, "settings": settings, "collator": collator, "tally": tally})
     return documents.map_batches(
-        DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
-                                                  "collator": collator, "tally": tally},
+        _StoredArgsProcessor, fn_constructor_args=([stored],),
         compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
         num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)))
+
+
+class _StoredArgsProcessor(DocumentProcessor):
+    """A DocumentProcessor whose arguments (the tokenizer: hundreds of kB) come from the object store through a
+    reference. Passed by value, they would make the pool's actor arguments big enough to be stored themselves,
+    which Ray reports at error level for every actor that may restart (ray-project/ray#53727)."""
+
+    def __init__(self, stored: list):
+        import ray
+
+        super().__init__(**ray.get(stored[0]))
 
 
 def _tokenizer(cfg: DataJobConfig, files: list[str], out_dir: Path, log: Callable[[str], None]):
@@ -213,8 +224,13 @@ class _ShardWriter:
             self._writer, self._in_shard = None, 0
 
 
-def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool) -> dict[str, dict[str, Any]]:
+def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool,
+                  log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
     import pyarrow.compute as pc
+
+    from albert_dist.console import ProgressLine
+
+    progress = ProgressLine("data: instances", print_fn=log)
 
     schema = pa.unify_schemas([INSTANCE_SCHEMA, STATIC_MASK_SCHEMA]) if static else INSTANCE_SCHEMA
     writers = {name: _ShardWriter(stage / name, rows_per_shard, schema) for name in ("train", "eval")}
@@ -224,6 +240,7 @@ def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool) -> 
             columns = batch.select(schema.names)
             writers["train"].write(columns.filter(pc.invert(is_eval)))
             writers["eval"].write(columns.filter(is_eval))
+            progress.update(batch.num_rows)
     except Exception as err:  # noqa: BLE001 - surface a DataError raised inside a Ray task as itself
         cause = _user_error(err)
         if cause is not None:
