@@ -47,6 +47,8 @@ def quiet_ray() -> Path | None:
         dispatcher.add_handler(_HANDLER, functools.partial(_forward, path, worker.print_to_stdstream,
                                                            worker._should_ignore_worker_log_prefix(
                                                                worker.global_worker)))
+    import ray.data  # noqa: F401 - configures its loggers, whose console handler is quieted here
+
     for handler in logging.getLogger("ray.data").handlers:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             handler.setLevel(logging.ERROR)  # its warnings ("progress bars disabled", …) stay in its file

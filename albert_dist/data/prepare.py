@@ -58,7 +58,9 @@ def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
     if cfg.data.word_segmenter is not None:
         raise DataError("data.word_segmenter=jieba is not implemented: Chinese whole-word masking uses characters")
     if not ray.is_initialized():
-        ray.init()
+        from albert_dist.ray_init import ensure_ray
+
+        ensure_ray()  # as every command does: $RAY_ADDRESS or a private local Ray, its log lines to a file
     started = time.perf_counter()
     location = output_location(cfg)
     files = resolve_inputs(cfg.data.inputs)
@@ -128,22 +130,14 @@ def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally):
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(files, d.format, d.text_field, tally, num_cpus=_READ_CPUS)
     cpus = ray.cluster_resources().get("CPU", 1.0)
-    stored = ray.put({"tokenizer": tokenizer, "settings": settings, "collator": collator, "tally": tally})
+    # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
+    # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
+    # actor fails the preparation, which is published atomically and runs again whole.
     return documents.map_batches(
-        _StoredArgsProcessor, fn_constructor_args=([stored],),
+        DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
+                                                  "collator": collator, "tally": tally},
         compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
-        num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)))
-
-
-class _StoredArgsProcessor(DocumentProcessor):
-    """A DocumentProcessor whose arguments (the tokenizer: hundreds of kB) come from the object store through a
-    reference. Passed by value, they would make the pool's actor arguments big enough to be stored themselves,
-    which Ray reports at error level for every actor that may restart (ray-project/ray#53727)."""
-
-    def __init__(self, stored: list):
-        import ray
-
-        super().__init__(**ray.get(stored[0]))
+        num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)), max_restarts=0)
 
 
 def _tokenizer(cfg: DataJobConfig, files: list[str], out_dir: Path, log: Callable[[str], None]):

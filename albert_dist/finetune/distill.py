@@ -30,6 +30,7 @@ from albert_dist.finetune import data, inference, job
 from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.task import SequenceClassificationTask
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train.loop import replace_dir_atomically
 
@@ -197,6 +198,7 @@ class DistillOutcome:
 
 
 def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutcome:
+    ensure_ray()
     teacher_dir = cfg.distill.teacher
     if not teacher_dir:
         raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")

@@ -18,6 +18,7 @@ from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, FinetuneSection, TaskDataSection
 from albert_dist.model import AlbertForSequenceClassification
+from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
 
 DROPOUT_FIELDS = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout_prob"}
@@ -165,6 +166,7 @@ class FinetuneOutcome:
 
 
 def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneOutcome:
+    ensure_ray()
     init_from = cfg.model.init_from
     if not init_from:
         raise ConfigError("model.init_from is not set: give the pretrained model directory")
