@@ -17,6 +17,13 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML job config (embedded defaults when omitted)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override one config field, e.g. --set train.max_steps=100 (repeatable)")
+    _add_verbose_flag(parser)
+
+
+def _add_verbose_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show Ray's and Ray Data's log lines on the console too (default: in a file whose "
+                             "path is printed; also ALBERT_DIST_VERBOSE=1)")
 
 
 def _config_command(config_class_path: str, runner_path: str) -> Callable[[argparse.Namespace], int]:
@@ -51,6 +58,7 @@ def _tokenizer_train(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="albert-dist", description="Pretrain, fine-tune and distill ALBERT "
                                      "models on Ray, tracked in MLflow.")
+    _add_verbose_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     tok = commands.add_parser("tokenizer", help="train a SentencePiece tokenizer").add_subparsers(
@@ -150,6 +158,10 @@ def _predict(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "verbose", False):
+        from albert_dist.console import set_verbose
+
+        set_verbose()
     try:
         return args.handler(args)
     except AlbertDistError as err:

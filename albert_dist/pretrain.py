@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from albert_dist import run_lock, tracking
+from albert_dist import mlflow_models, run_lock, tracking
 from albert_dist.config import PretrainJobConfig, dump_yaml, flatten, resolve_path
 from albert_dist.errors import ConfigError
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
@@ -160,6 +160,7 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
                                       "data.in_memory": in_memory})
     tracking.log_text(uri, run_id, dump_yaml(cfg), "config/pretrain.yaml")
     tracking.log_text(uri, run_id, json.dumps(manifest, indent=2, ensure_ascii=False), "data/manifest.json")
+    tracking.log_prepared_data(uri, run_id, data_dir, manifest)
     print(f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
           f"worker(s), {cfg.train.precision}; MLflow run {run_id}")
     print(f"data: {prepared.rows('train')} training instances, " + (
@@ -186,11 +187,8 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     replace_dir_atomically(model_dir, lambda d: shutil.copytree(result.checkpoint_dir / "model", d,
                                                                 dirs_exist_ok=True))
     tracking.log_artifacts(uri, run_id, model_dir, "model")
-    if cfg.tracking.register_model:
-        import mlflow
-
-        mlflow.set_tracking_uri(uri)
-        mlflow.register_model(f"runs:/{run_id}/model", cfg.tracking.register_model)
+    mlflow_models.log_model(uri, run_id, model_dir, mlflow_models.EncoderModel(), step=int(result.metrics["step"]),
+                            register_as=cfg.tracking.register_model)
     tracking.finish_run(uri, run_id)
     return PretrainOutcome(model_dir, best_dir, uri, run_id, result.metrics)
 

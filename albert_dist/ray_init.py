@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from albert_dist.console import quiet_ray
+
 # Ray Train 2.60 sends a worker's print both to Ray's stdout wrapper and to its logger, so every progress line
 # would reach the console twice; with the redirection off it reaches it once, through Ray's usual log forwarding.
 WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
@@ -35,12 +37,13 @@ def ensure_ray() -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         ray.init(address=address, configure_logging=False)
-        return
-    # a local Ray gets its dashboard: Ray Train's placement-group cleaner asks the state API it serves whether the
-    # training controller is alive, and logs a warning every second while it cannot
-    context = start_local_ray(configure_logging=False)
-    print(f"local Ray: dashboard http://{context.dashboard_url}, 127.0.0.1 only, token auth (the token is in "
-          f"{os.environ['RAY_AUTH_TOKEN_PATH']} while this command runs)", flush=True)
+    else:
+        # a local Ray gets its dashboard: Ray Train's placement-group cleaner asks the state API it serves whether
+        # the training controller is alive, and logs a warning every second while it cannot
+        context = start_local_ray(configure_logging=False)
+        print(f"local Ray: dashboard http://{context.dashboard_url}, 127.0.0.1 only, token auth (the token is in "
+              f"{os.environ['RAY_AUTH_TOKEN_PATH']} while this command runs)", flush=True)
+    quiet_ray()  # Ray's own log lines to a file unless --verbose
 
 
 def start_local_ray(**init_kwargs: Any):

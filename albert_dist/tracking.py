@@ -18,6 +18,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"
+JOB_TAG = "albert_dist.job"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_DEVELOPMENT = "custom_model_development"
+ARTIFACTS_DIR = "mlartifacts"  # beside a SQLite store's database
+DIGEST_CHARS = 12  # of a dataset digest (MLflow keeps at most 36)
 # Values of parameters and tags whose names look like these are never logged.
 _SECRET_NAME = re.compile(r"(token|password|passwd|secret|credential|api[_-]?key|access[_-]?key)", re.I)
 # The user info of a URL (`https://user:password@host`): written as *** wherever a URL is shown or logged.
@@ -27,37 +32,64 @@ _URL_USER_INFO = re.compile(r"(?P<scheme>\b[a-zA-Z][\w+.-]*://)[^/@\s]+@")
 def _client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
-    if redact_url(tracking_uri) != tracking_uri:  # MLflow prints the run's URL, password included, when it ends
-        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    # the jobs print where their run is themselves; MLflow's own "View run … at <URI>" line would repeat it
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     return MlflowClient(tracking_uri=tracking_uri)
 
 
 def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path, run_name: str,
                         tags: dict[str, str] | None = None) -> str:
     """The MLflow run of `run_dir`: the one recorded there if it still exists, else a new one (recorded).
-    `tags` are set either way: a sweep creates its trials' runs before their jobs add what they know (lineage)."""
+    `tags` are set either way: a sweep creates its trials' runs before their jobs add what they know (lineage).
+    Runs carry the source tags of the job named by the `albert_dist.job` tag."""
     client = _client(tracking_uri)
+    tags = {**source_tags((tags or {}).get(JOB_TAG)), **(tags or {})}
     id_file = run_dir / RUN_ID_FILE
     if id_file.is_file():
         run_id = id_file.read_text().strip()
         try:
             client.get_run(run_id)
             client.update_run(run_id, status="RUNNING")
-            if tags:
-                from mlflow.entities import RunTag
+            from mlflow.entities import RunTag
 
-                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             return run_id
         except Exception:  # noqa: BLE001 - a run deleted from the store: start a new one
             log.warning("MLflow run %s recorded in %s no longer exists; starting a new run", run_id, id_file)
-    exp = client.get_experiment_by_name(experiment)
-    experiment_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    run = client.create_run(experiment_id, run_name=run_name, tags={**default_tags(), **(tags or {})})
+    run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags={**default_tags(), **tags})
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = id_file.with_name(id_file.name + ".tmp")
     tmp.write_text(run.info.run_id)
     tmp.replace(id_file)
     return run.info.run_id
+
+
+def experiment_id(client, name: str) -> str:
+    """The experiment `name`, created as a model-training experiment (the MLflow UI opens it on its runs, not in
+    its GenAI view), with its artifacts beside the database when the store is a SQLite file (MLflow's default
+    would be ./mlruns of whatever directory the command ran in). An experiment found without a kind gets it."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri),
+                                            tags={EXPERIMENT_KIND_TAG: MODEL_DEVELOPMENT})
+        except MlflowException:  # created meanwhile by a parallel job (sweep trials start together)
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT)
+    return exp.experiment_id
+
+
+def artifact_location(tracking_uri: str) -> str | None:
+    """`<directory of the database>/mlartifacts` for a SQLite store; None (the server decides) otherwise."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    database = Path(tracking_uri.removeprefix("sqlite:///").split("?")[0])
+    return (database.resolve().parent / ARTIFACTS_DIR).as_uri()
 
 
 def default_tags() -> dict[str, str]:
@@ -74,19 +106,43 @@ def default_tags() -> dict[str, str]:
     return tags
 
 
-def code_version() -> str:
-    """The git commit of the package source (with `-dirty` when changed), or the package version."""
+def source_tags(job: str | None) -> dict[str, str]:
+    """MLflow's source tags, shown in the runs list: the entry point (`albert-dist <job>`) and, in a git
+    checkout, the commit."""
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
+
+    tags = {MLFLOW_SOURCE_NAME: " ".join(["albert-dist", *(job or "").split("-")]).strip(),
+            MLFLOW_SOURCE_TYPE: "LOCAL"}
+    commit = _git("rev-parse", "HEAD")
+    if commit:
+        tags[MLFLOW_GIT_COMMIT] = commit
+    return tags
+
+
+def _git(*args: str) -> str | None:
+    """Output of a git command on the package's own checkout; None when the package is not one (installed)."""
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
+        def run(*a: str) -> str:
+            return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=5,
+                                  check=True).stdout.strip()
+
+        if Path(run("rev-parse", "--show-toplevel")).resolve() != root:
+            return None  # installed inside some other repository (a virtualenv in a checkout)
+        return run(*args)
     except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def code_version() -> str:
+    """The git commit of the package source (with `-dirty` when changed), or the package version."""
+    commit = _git("rev-parse", "--short", "HEAD")
+    if commit is None:
         from importlib.metadata import version
 
         return version("albert-dist")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return commit + ("-dirty" if dirty else "")
 
 
 def is_secret_name(name: str) -> bool:
@@ -192,3 +248,50 @@ def ui_hint(tracking_uri: str) -> str:
 def tracking_env() -> dict[str, str]:
     """Environment variables that point workers and jobs at the same tracking server."""
     return {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_TRACKING_")}
+
+
+def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, str | Path, str, dict]]) -> None:
+    """Record the run's inputs as MLflow datasets (the runs list's Dataset column): one
+    (context, name, source path or URI, digest, profile) each; MLflow keeps a dataset once per run."""
+    import json
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    inputs = []
+    for context, name, source, digest, profile in datasets:
+        with warnings.catch_warnings():  # a local path fits two source kinds, both local: MLflow warns
+            warnings.simplefilter("ignore", UserWarning)
+            resolved = resolve_dataset_source(str(source))
+        dataset = Dataset(name=name, digest=digest[:DIGEST_CHARS], source_type=resolved._get_source_type(),
+                          source=resolved.to_json(), profile=json.dumps(profile))
+        inputs.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+    _client(tracking_uri).log_inputs(run_id, inputs)
+
+
+def path_digest(path: str | Path) -> str:
+    """sha256 of a file, or of a directory's files (their relative paths and contents)."""
+    import hashlib
+
+    from albert_dist.files import sha256_file
+
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path)}\0{sha256_file(file)}\n".encode())
+    return digest.hexdigest()
+
+
+def log_prepared_data(tracking_uri: str, run_id: str, data_dir: str | Path, manifest: dict[str, Any]) -> None:
+    """The prepared pretraining data as the run's training dataset: its digest is the manifest's (which lists
+    the shards, their row counts, the tokenizer's hash and the preparation config)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    profile = {f"{split}_rows": info["rows"] for split, info in manifest["splits"].items()}
+    log_datasets(tracking_uri, run_id, [("training", Path(str(data_dir)).name, data_dir, digest, profile)])

@@ -2,48 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 
 from albert_dist import tracking
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(store: Path, port: int) -> subprocess.Popen:
-    mlflow = Path(sys.executable).with_name("mlflow")
-    process = subprocess.Popen(
-        [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination",
-         str(store / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        try:  # ready when the app answers, not when the port opens
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
-            return process
-        except OSError:
-            assert process.poll() is None, "mlflow server exited"
-            time.sleep(0.5)
-    process.kill()
-    pytest.fail("mlflow server did not start")
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    import os
-    import signal
-
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+from mlflow_server import free_port, start_server, stop_server
 
 
 @pytest.fixture
@@ -108,3 +70,28 @@ def test_run_is_reused_from_the_run_directory_and_secrets_are_redacted(tmp_path)
     assert params == {"train.lr": "0.1", "auth.api_key": "***", "env.RAY_AUTH_TOKEN": "***"}
     tracking.log_params(uri, first, {"train.lr": 0.1, "train.steps": 5})  # resume: only new keys are added
     assert client.get_run(first).data.params["train.steps"] == "5"
+
+
+def test_default_store_keeps_artifacts_beside_its_database(tmp_path, monkeypatch):
+    from albert_dist.config import TrackingSection
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # MLflow's default would put artifacts in ./mlruns of this directory
+    uri = TrackingSection().resolved_uri(str(tmp_path / "out"))
+    run_id = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r", tags={"albert_dist.job": "pretrain"})
+    tracking.log_text(uri, run_id, "hello", "notes/hello.txt")
+
+    client = tracking._client(uri)
+    experiment = client.get_experiment_by_name("exp")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens the runs view
+    assert list((tmp_path / "out" / "mlartifacts").rglob("hello.txt"))
+    assert not list(elsewhere.iterdir())
+    tags = client.get_run(run_id).data.tags
+    assert tags["mlflow.source.name"] == "albert-dist pretrain"
+
+    # an experiment created without a kind (by MLflow itself, or an older albert-dist) gets it when reused
+    bare = client.create_experiment("bare")
+    tracking.start_or_resume_run(uri, "bare", tmp_path / "run2", "r2")
+    assert client.get_experiment(bare).tags["mlflow.experimentKind"] == "custom_model_development"

@@ -64,13 +64,23 @@ def children(uri: str, parent_id: str):
 
 
 def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
-    cfg = validate_config(FinetuneTuneConfig, sweep_raw(workspace, "asha"))
+    raw = sweep_raw(workspace, "asha")
+    raw["job"]["tracking"]["register_model"] = "asha-best"
+    cfg = validate_config(FinetuneTuneConfig, raw)
     start = time.time()
     outcome = run_sweep(cfg)
     print(f"sweep took {time.time() - start:.0f}s", file=sys.stderr)
 
+    # the live table and ours show evaluation metrics only, under their MLflow names
+    live_headers = [set(line.split()) for line in capsys.readouterr().out.splitlines() if "Trial name" in line]
+    assert live_headers and all("eval_loss" in h and "eval_accuracy" in h for h in live_headers)
+    assert not any(h & {"loss", "accuracy", "learning_rate", "grad_norm"} for h in live_headers)
     rows = outcome.rows
     assert len(rows) == 6
+    metric_columns = [c for c in rows[0] if c not in ("trial_id", "evaluations", "status", "stop_reason")
+                      and c not in cfg.search_space]
+    assert metric_columns[0] == "eval_loss" and set(metric_columns) == {"eval_loss", "eval_accuracy", "eval_f1",
+                                                                        "eval_mcc"}
     reasons = [r["stop_reason"] for r in rows]
     assert "early-stopped" in reasons and "completed" in reasons and "error" not in reasons
     early = [r for r in rows if r["stop_reason"] == "early-stopped"]
@@ -94,6 +104,9 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
     assert float(parent.data.tags["albert_dist.best_eval_loss"]) == pytest.approx(child_best[best_id])
     assert {a.path for a in client.list_artifacts(outcome.parent_run_id)} >= {
         "trials.csv", "trials.png", "best_finetune.yaml"}
+    # the best model is the parent's MLflow model and the only registered version; trials register none
+    versions = client.search_model_versions("name='asha-best'")
+    assert [v.run_id for v in versions] == [outcome.parent_run_id]
 
     best_job = load_config(FinetuneJobConfig, outcome.best_config)
     assert best_job.train.learning_rate == pytest.approx(outcome.best["train.learning_rate"])

@@ -65,7 +65,7 @@ def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
         tokenizer = _tokenizer(cfg, files, stage / "tokenizer", log)
         tally = Tally.create()
         instances = _instances(cfg, files, tokenizer, tally, user_dict)
-        splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static)
+        splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static, log)
         counts = Counter(tally.total())
         counts.update(train_instances=splits["train"]["rows"], eval_instances=splits["eval"]["rows"],
                       instances=splits["train"]["rows"] + splits["eval"]["rows"])
@@ -127,11 +127,14 @@ def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally, us
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(files, d.format, d.text_field, tally, num_cpus=_READ_CPUS)
     cpus = ray.cluster_resources().get("CPU", 1.0)
+    # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
+    # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
+    # actor fails the preparation, which is published atomically and runs again whole.
     return documents.map_batches(
         DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
                                                   "collator": collator, "tally": tally},
         compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
-        num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)))
+        num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)), max_restarts=0)
 
 
 def _read_user_dict(path: str | None) -> str | None:
@@ -230,8 +233,13 @@ class _ShardWriter:
             self._writer, self._in_shard = None, 0
 
 
-def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool) -> dict[str, dict[str, Any]]:
+def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool,
+                  log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
     import pyarrow.compute as pc
+
+    from albert_dist.console import ProgressLine
+
+    progress = ProgressLine("data: instances", print_fn=log)
 
     schema = pa.unify_schemas([INSTANCE_SCHEMA, STATIC_MASK_SCHEMA]) if static else INSTANCE_SCHEMA
     writers = {name: _ShardWriter(stage / name, rows_per_shard, schema) for name in ("train", "eval")}
@@ -241,6 +249,7 @@ def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool) -> 
             columns = batch.select(schema.names)
             writers["train"].write(columns.filter(pc.invert(is_eval)))
             writers["eval"].write(columns.filter(is_eval))
+            progress.update(batch.num_rows)
     except Exception as err:  # noqa: BLE001 - surface a DataError raised inside a Ray task as itself
         cause = _user_error(err)
         if cause is not None:

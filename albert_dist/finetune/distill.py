@@ -33,6 +33,7 @@ from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.task import SequenceClassificationTask
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.model.checkpoint import load_config
+from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train.loop import replace_dir_atomically
 
@@ -228,6 +229,7 @@ class DistillOutcome:
 
 @run_lock.one_driver_per_run
 def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutcome:
+    ensure_ray()
     teacher_dir = cfg.distill.teacher
     if not teacher_dir:
         raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
@@ -249,6 +251,7 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
                                       "student.num_parameters": parameter_count(student),
                                       "teacher.num_parameters": parameter_count(teacher)})
     tracking.log_text(uri, run_id, dump_yaml(cfg), "config/distill.yaml")
+    job.log_task_data(uri, run_id, cfg.data, task_data)
     print(f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
           f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
           f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
@@ -271,8 +274,10 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
     if "test" in task_data.splits:
         values.update({f"test_{k}": v for k, v in inference.evaluate(
             student, task_data.splits["test"], task="classification", precision=cfg.train.precision).items()})
-    job.log_final(uri, run_id, values, int(result.metrics.get("step", train.max_steps)))
+    step = int(result.metrics.get("step", train.max_steps))
+    job.log_final(uri, run_id, values, step)
     tracking.log_artifacts(uri, run_id, model_dir, "model")
+    job.log_final_model(cfg, uri, run_id, model_dir, step)
     tracking.finish_run(uri, run_id)
     return DistillOutcome(model_dir, uri, run_id, result.metrics, values)
 

@@ -18,6 +18,7 @@ from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, FinetuneSection, TaskDataSection
 from albert_dist.model import AlbertForSequenceClassification
+from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
 
 DROPOUT_FIELDS = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout_prob"}
@@ -88,6 +89,22 @@ def lineage_tags(job: str, source: str | Path) -> dict[str, str]:
     return tags
 
 
+def log_task_data(uri: str, run_id: str, section: TaskDataSection, task_data: TaskData) -> None:
+    """The task's data files as the run's datasets (a split held out of train has no file of its own)."""
+    files = {"training": (section.train, "train"), "validation": (section.dev, "dev"), "test": (section.test, "test")}
+    tracking.log_datasets(uri, run_id, [
+        (context, Path(path).name, Path(path).resolve(), tracking.path_digest(path),
+         {"num_rows": len(task_data.splits[split])}) for context, (path, split) in files.items() if path])
+
+
+def log_final_model(cfg, uri: str, run_id: str, model_dir: Path, step: int) -> None:
+    """The published model as the run's MLflow model (linked to its final metrics), registered when asked."""
+    from albert_dist import mlflow_models
+
+    model = mlflow_models.SequenceClassifierModel(pair=cfg.data.text_pair_column is not None)
+    mlflow_models.log_model(uri, run_id, model_dir, model, step=step, register_as=cfg.tracking.register_model)
+
+
 def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: FinetuneSection, train: TrainSection,
                 data_section: TaskDataSection, per_epoch: int, seed: int, model_overrides: dict[str, Any],
                 **extra: Any) -> dict[str, Any]:
@@ -152,6 +169,7 @@ class FinetuneOutcome:
 
 @run_lock.one_driver_per_run
 def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneOutcome:
+    ensure_ray()
     init_from = cfg.model.init_from
     if not init_from:
         raise ConfigError("model.init_from is not set: give the pretrained model directory")
@@ -171,6 +189,7 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
                                       "train.derived_warmup_steps": train.warmup_steps,
                                       "labels": ",".join(task_data.label_names or [])})
     tracking.log_text(uri, run_id, dump_yaml(cfg), "config/finetune.yaml")
+    log_task_data(uri, run_id, cfg.data, task_data)
     print(f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {sizes} rows, "
           f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s); MLflow run {run_id}")
     overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
@@ -182,8 +201,10 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
                           task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=model_dir,
                           callbacks=callbacks)
     values = final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg)
-    log_final(uri, run_id, values, int(result.metrics.get("step", train.max_steps)))
+    step = int(result.metrics.get("step", train.max_steps))
+    log_final(uri, run_id, values, step)
     tracking.log_artifacts(uri, run_id, model_dir, "model")
+    log_final_model(cfg, uri, run_id, model_dir, step)
     tracking.finish_run(uri, run_id)
     return FinetuneOutcome(model_dir, uri, run_id, task_data.label_names, result.metrics, values)
 

@@ -84,13 +84,17 @@ class ChildCloser(tune.Callback):
 
 
 def publish_best(uri: str, parent_id: str, metric: str, best: dict[str, Any], params: list[str],
-                 files: list[Path]) -> None:
-    """Tag the parent with the best trial (id, metric, config), attach the sweep's files and end it."""
+                 files: list[Path], job, best_model: Path) -> None:
+    """Tag the parent with the best trial (id, metric, config), attach the sweep's files, log the best model as
+    the parent's MLflow model (registered when the job's `tracking.register_model` names a model) and end it."""
+    from albert_dist.finetune.job import log_final_model
+
     client = MlflowClient(tracking_uri=uri)
     client.set_tag(parent_id, "albert_dist.best_trial_id", best["trial_id"])
     client.set_tag(parent_id, f"albert_dist.best_{metric}", str(best[metric]))
     client.set_tag(parent_id, "albert_dist.best_params", json.dumps({k: best[k] for k in params}))
-    client.log_metric(parent_id, f"best_{metric}", best[metric])
+    client.log_metric(parent_id, f"best_{metric}", best[metric], step=0)
     for path in files:
         client.log_artifact(parent_id, str(path))
+    log_final_model(job, uri, parent_id, best_model, step=0)
     tracking.finish_run(uri, parent_id)

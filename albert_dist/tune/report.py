@@ -22,24 +22,40 @@ def stop_reason(run_dir: Path, errored: bool) -> str:
     return "completed" if (run_dir / OUTCOME_FILE).is_file() else "early-stopped"
 
 
-def best_value(values, mode: str) -> float | None:
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if not finite:
-        return None
-    return max(finite) if mode == "max" else min(finite)
+def best_evaluation(frame, metric: str, mode: str) -> dict[str, Any]:
+    """The evaluation (a row of a trial's metrics frame) with the best finite `metric`, with the number of
+    evaluations; {} when there is none."""
+    if frame is None or metric not in frame:
+        return {}
+    values = frame[metric].astype(float)
+    finite = values[values.map(math.isfinite)]
+    if finite.empty:
+        return {"evaluations": len(frame)}
+    best = finite.idxmax() if mode == "max" else finite.idxmin()
+    return {**{k: _plain(v) for k, v in frame.loc[best].items()}, "evaluations": len(frame)}
+
+
+def _plain(value: Any) -> Any:
+    """A Python number for a numpy one (the table and CSV print them alike); NaN as None."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def rows(results, params: list[str], metric: str, mode: str, sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per trial of a Tune `ResultGrid`, best first: its best reported `metric` over its evaluations."""
+    """One row per trial of a Tune `ResultGrid`, best first: its best reported `metric` over its evaluations and
+    the other evaluation metrics (`eval_*`, as in MLflow) of that evaluation."""
+    frame_columns = [c for result in results if result.metrics_dataframe is not None
+                     for c in result.metrics_dataframe.columns]
+    others = sorted({c for c in frame_columns if c.startswith("eval_") and c != metric})
     out = []
     for result in results:
         trial_id = result.metrics["trial_id"]
-        frame = result.metrics_dataframe
-        reported = frame[metric].tolist() if frame is not None and metric in frame else []
+        best = best_evaluation(result.metrics_dataframe, metric, mode)
         errored = result.error is not None
         out.append({"trial_id": trial_id, **{p: result.config.get(p) for p in params},
-                    metric: best_value(reported, mode), "evaluations": len(reported),
-                    "status": "ERROR" if errored else "TERMINATED",
+                    metric: best.get(metric), **{name: best.get(name) for name in others},
+                    "evaluations": best.get("evaluations", 0), "status": "ERROR" if errored else "TERMINATED",
                     "stop_reason": stop_reason(trials_dir(sweep_dir) / trial_id, errored)})
     sign = -1 if mode == "max" else 1
     return sorted(out, key=lambda r: (r[metric] is None, sign * (r[metric] or 0.0), r["trial_id"]))

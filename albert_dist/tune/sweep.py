@@ -97,7 +97,7 @@ def publish(cfg: TuneJobConfig, results, uri: str, parent_id: str) -> SweepOutco
         source, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
     files = [report.write_csv(rows, sweep_dir / "trials.csv"),
              report.plot(rows, cfg.distributions, metric, sweep_dir / "trials.png"), best_config]
-    mlflow_runs.publish_best(uri, parent_id, metric, best, names, files)
+    mlflow_runs.publish_best(uri, parent_id, metric, best, names, files, cfg.job, best_model)
     return SweepOutcome(rows, best, best_config, best_model, uri, parent_id)
 
 

@@ -23,8 +23,9 @@ from albert_dist.tune.report import OUTCOME_FILE, trials_dir
 
 
 class EvalReportCallback(TuneReportCallback):
-    """Forwards the evaluation reports only: the loop also reports for checkpoints alone, without the dev
-    metric, which Tune's strict metric check would reject."""
+    """Forwards the evaluation reports only (the loop also reports for checkpoints alone, without the dev
+    metric, which Tune's strict metric check would reject), and of them the evaluation metrics only, named as in
+    MLflow, with the step: the sweep's live table then shows no training-batch metric beside the dev ones."""
 
     def __init__(self, metric: str):
         super().__init__()
@@ -32,7 +33,13 @@ class EvalReportCallback(TuneReportCallback):
 
     def after_report(self, run_context, metrics, checkpoint):
         if self.metric in metrics[0]:
-            super().after_report(run_context, metrics, checkpoint)
+            super().after_report(run_context, [evaluation_metrics(metrics[0])], checkpoint)
+
+
+def evaluation_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The `eval_*` metrics of a report, then its step and epoch."""
+    return {**{k: v for k, v in metrics.items() if k.startswith("eval_")},
+            **{k: metrics[k] for k in ("step", "epoch") if k in metrics}}
 
 
 @dataclass
@@ -50,7 +57,9 @@ class TrialSetup:
     def job_for(self, params: dict[str, Any], trial_id: str) -> Section:
         return space.with_values(self.job, params,
                                  run={"name": trial_id, "output_dir": str(trials_dir(self.sweep_dir))},
-                                 tracking={"tracking_uri": self.tracking_uri}, scaling=self.scaling)
+                                 # trials register no model: the sweep registers its best
+                                 tracking={"tracking_uri": self.tracking_uri, "register_model": None},
+                                 scaling=self.scaling)
 
 
 def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:

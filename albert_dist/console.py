@@ -1,0 +1,98 @@
+"""What a command prints: our progress lines, stage headers and summaries; Ray's own log lines go to a file.
+
+Quiet (the default): of what Ray forwards from its workers, their standard output (our progress lines) is printed
+as usual and their standard error (Ray's and Ray Data's loggers, the core's warnings) is appended to
+`<Ray session>/logs/albert-dist-hidden.log`, whose path is printed once; Ray Data's console handler in this
+process shows errors only (its full log stays in the session's `ray-data.log`). `--verbose` or
+ALBERT_DIST_VERBOSE=1 shows everything, as Ray does by default.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+VERBOSE_ENV = "ALBERT_DIST_VERBOSE"
+HIDDEN_LOG = "albert-dist-hidden.log"
+_HANDLER = "ray_print_logs"  # the name Ray gives its handler of forwarded worker output
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def set_verbose() -> None:
+    """`--verbose`: for this process and what it starts (a local Ray's workers inherit it)."""
+    os.environ[VERBOSE_ENV] = "1"
+
+
+def quiet_ray() -> Path | None:
+    """Call right after `ray.init(log_to_driver=True)`: in quiet mode, route the workers' standard error to the
+    hidden log and return its path (printed here once per process); None in verbose mode."""
+    import ray
+    from ray._private import worker
+
+    if verbose() or not ray.is_initialized():
+        return None
+    session = Path(worker._global_node.get_session_dir_path()) if worker._global_node else None
+    path = (session / "logs" if session else Path.cwd()) / HIDDEN_LOG
+    dispatcher = worker.global_worker_stdstream_dispatcher
+    if any(name == _HANDLER for name, _ in dispatcher.handlers):  # log_to_driver is on
+        dispatcher.remove_handler(_HANDLER)
+        dispatcher.add_handler(_HANDLER, functools.partial(_forward, path, worker.print_to_stdstream,
+                                                           worker._should_ignore_worker_log_prefix(
+                                                               worker.global_worker)))
+    import ray.data  # noqa: F401 - configures its loggers, whose console handler is quieted here
+
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.ERROR)  # its warnings ("progress bars disabled", …) stay in its file
+    print(f"Ray's logs: {path} (and the session's {path.parent}); --verbose shows them here")
+    return path
+
+
+_file_lock = threading.Lock()
+
+
+def _forward(path: Path, print_to_stdstream: Callable, ignore_prefix: bool, data: dict) -> None:
+    """Worker stdout to the console as Ray prints it; worker stderr to the hidden log, with its origin."""
+    if not data.get("is_err"):
+        print_to_stdstream(data, ignore_prefix=ignore_prefix)
+        return
+    origin = data.get("actor_name") or data.get("task_name") or "worker"
+    with _file_lock, open(path, "a", encoding="utf-8") as f:
+        f.writelines(f"({origin} pid={data.get('pid')}) {line}\n" for line in data.get("lines", []))
+
+
+class ProgressLine:
+    """`<label>: 12,345 rows (1,234/s) | 40% | ETA 0:12`, printed at most every `every_s` seconds and at the end.
+    The share and ETA need an estimate of the work done (0..1), from whatever the caller can measure."""
+
+    def __init__(self, label: str, every_s: float = 10.0, print_fn: Callable[[str], None] = print):
+        self.label, self.every_s, self.print_fn = label, every_s, print_fn
+        self.rows, self.start, self.last = 0, time.perf_counter(), time.perf_counter()
+
+    def update(self, rows: int, done: float | None = None) -> None:
+        self.rows += rows
+        now = time.perf_counter()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.print_fn(self.line(done))
+
+    def line(self, done: float | None = None) -> str:
+        elapsed = max(1e-9, time.perf_counter() - self.start)
+        text = f"{self.label}: {self.rows:,} rows ({self.rows / elapsed:,.0f}/s)"
+        if done is not None and 0 < done <= 1:
+            text += f" | {100 * done:.0f}% | ETA {_duration(elapsed * (1 - done) / done)}"
+        return text
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"

@@ -1,0 +1,129 @@
+"""Final models as MLflow models: a `pyfunc` model whose artifact is the published model directory (transformers
+layout, tokenizer included), logged to the job's run (a LoggedModel, in the UI's Models tab), linked to the run's
+final metrics and, with `tracking.register_model`, registered.
+
+`mlflow.pyfunc.load_model(uri).predict(frame)` takes a DataFrame with a `text` column (and `text_pair` for pair
+tasks) and returns, for a classifier, what `albert-dist predict` adds to each row; for a pretrained encoder, each
+text's embedding (the mean of the last hidden states). Loading needs the albert-dist package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+
+MODEL_ARTIFACT = "model_dir"
+MODEL_NAME = "model"  # the LoggedModel's name within its run
+TEXT, TEXT_PAIR = "text", "text_pair"
+BATCH_SIZE = 64
+PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+class _DataFrameModel(mlflow.pyfunc.PythonModel):
+    """`predict` takes a DataFrame, described by the signature given at logging: MLflow's type-hint checks (and
+    their advice, printed when a subclass is defined) do not apply."""
+
+    _skip_type_hint_validation = True
+
+
+class SequenceClassifierModel(_DataFrameModel):
+    """A fine-tuned or distilled classifier (or regressor), predicting through `albert-dist predict`'s
+    predictor."""
+
+    def __init__(self, pair: bool = False):
+        self.pair = pair
+
+    def load_context(self, context) -> None:
+        from albert_dist.finetune.predict import Predictor
+
+        self.predictor = Predictor(context.artifacts[MODEL_ARTIFACT], TEXT, TEXT_PAIR if self.pair else None,
+                                   BATCH_SIZE)
+
+    def predict(self, context, model_input, params=None):
+        inputs = [TEXT, TEXT_PAIR] if self.pair else [TEXT]
+        rows = {name: model_input[name].to_numpy() for name in inputs}
+        out = self.predictor(rows)
+        return pd.DataFrame({name: values for name, values in out.items() if name not in rows})
+
+
+class EncoderModel(_DataFrameModel):
+    """A pretrained ALBERT: one embedding per text (mean of the last hidden states over its tokens)."""
+
+    def load_context(self, context) -> None:
+        from albert_dist.model import AlbertForPreTraining
+        from albert_dist.tokenizer import load_tokenizer
+
+        directory = context.artifacts[MODEL_ARTIFACT]
+        self.model = AlbertForPreTraining.from_pretrained(directory).eval()
+        self.tokenizer = load_tokenizer(directory)
+
+    def predict(self, context, model_input, params=None):
+        import torch
+
+        from albert_dist.finetune import data
+
+        texts = ["" if v is None else str(v) for v in model_input[TEXT]]
+        arrays = data.encode_texts(self.tokenizer, texts, None, self.model.config.max_position_embeddings)
+        embeddings = []
+        with torch.no_grad():
+            for batch in data.batches(data.EncodedSplit(arrays), BATCH_SIZE, 8):
+                hidden = self.model.albert(batch["input_ids"], batch["attention_mask"],
+                                           batch["token_type_ids"]).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).float()
+                embeddings.extend(((hidden * mask).sum(1) / mask.sum(1)).numpy().astype(np.float32))
+        return pd.DataFrame({"embedding": embeddings})
+
+
+def log_model(tracking_uri: str, run_id: str, model_dir: str | Path, python_model: mlflow.pyfunc.PythonModel, *,
+              step: int, register_as: str | None = None) -> str:
+    """Log `model_dir` as the run's MLflow model, linked to the run's metrics of `step` (its final evaluation)
+    and registered under `register_as` when given; returns its model id."""
+    from mlflow.models import Model, ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    columns = [TEXT, TEXT_PAIR] if getattr(python_model, "pair", False) else [TEXT]
+    mlflow.set_tracking_uri(tracking_uri)
+    # the model is created in the current experiment, not in its run's
+    mlflow.set_experiment(experiment_id=mlflow.MlflowClient(tracking_uri).get_run(run_id).info.experiment_id)
+    with _quiet_mlflow():
+        # Model.log rather than pyfunc.log_model: it takes the run id, so no fluent run is opened (and ended) here
+        info = Model.log(artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id, step=step,
+                         registered_model_name=register_as or None, python_model=python_model,
+                         artifacts={MODEL_ARTIFACT: str(model_dir)},
+                         signature=ModelSignature(inputs=Schema([ColSpec("string", c) for c in columns])),
+                         pip_requirements=_requirements())
+    return info.model_id
+
+
+@contextlib.contextmanager
+def _quiet_mlflow():
+    """No progress bar, advice or warning about what is deliberate here (a Python object without type hints or
+    input example, pickled by reference to the installed package); errors still show."""
+    logger = logging.getLogger("mlflow")
+    level, bar = logger.level, os.environ.get(PROGRESS_BAR)
+    os.environ[PROGRESS_BAR] = "false"
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+        if bar is None:
+            os.environ.pop(PROGRESS_BAR, None)
+        else:
+            os.environ[PROGRESS_BAR] = bar
+
+
+def _requirements() -> list[str]:
+    """The package's own runtime requirements (given, so MLflow does not load the model to infer them)."""
+    from importlib.metadata import requires
+
+    return [r for r in requires("albert-dist") or [] if "extra ==" not in r]
