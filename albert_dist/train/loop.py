@@ -298,7 +298,7 @@ class Trainer:
         if value - baseline < PLATEAU_MARGIN:
             self.plateau_warned = True
             self.env.print_fn(
-                f"warning: {what} {value:.3f} is within {PLATEAU_MARGIN * 100:.0f} point of its unigram baseline "
+                f"warning: {what} {value:.3f} is not {PLATEAU_MARGIN * 100:.0f} point above its baseline "
                 f"{baseline:.3f} after {step / total:.0%} of the run (step {step}/{total}): the model has learned "
                 f"nothing beyond the most frequent piece yet. Find a learning rate that learns with the LR range "
                 f"test: the same command with --set train.lr_range_test=true")
