@@ -34,12 +34,12 @@ def test_a_second_demo_into_the_same_directory_starts_fresh(tmp_path, capsys):
 def test_the_task_hides_its_cue_words(stdlib_corpus, tmp_path):
     import csv
 
-    from albert_dist.demo import TASK_CUES, write_classification_task
+    from albert_dist.demo import RETURNS_CUE, write_classification_task
 
     rows = list(csv.DictReader(open(write_classification_task(stdlib_corpus, tmp_path / "task.csv"))))
     labels = [row["label"] for row in rows]
-    assert set(labels) == {"returns", "raises", "other"} and len(set(labels.count(x) for x in labels)) == 1
-    assert not any(cue.search(row["text"]) for row in rows for cue in TASK_CUES.values())
+    assert labels.count("returns") == labels.count("other") > 500
+    assert not any(RETURNS_CUE.search(row["text"]) for row in rows)
 
 
 @pytest.mark.slow
@@ -64,9 +64,9 @@ def test_demo_runs_every_stage_learns_and_shows_what_pretraining_bought(tmp_path
     assert mlm > unigram + 0.05, summary
     pretrained, random_init = map(float, re.search(
         r"dev accuracy (\S+) from the pretrained model, (\S+) from a random init", summary).groups())
-    assert pretrained > 1 / 3 + 0.15 and pretrained >= random_init + 0.03, summary  # three balanced classes
+    assert pretrained > 0.5 + 0.15 and pretrained >= random_init + 0.03, summary  # two balanced classes
     _, student = map(float, re.search(r"dev accuracy\s+(0\.\d+)\s+(0\.\d+)", summary).groups())
-    assert student > 1 / 3 + 0.1, summary
+    assert student > 0.5 + 0.1, summary
     assert len(re.findall(r"TERMINATED", summary)) == 2  # the sweep's two trials in the table
     assert f"MLflow: sqlite:///{root / 'mlflow.db'}" in summary and "mlflow ui --backend-store-uri" in summary
 
