@@ -107,6 +107,40 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
             "seconds": round(time.perf_counter() - started, 1), "reached": reached, "curve": curve}
 
 
+def first_step_sizes(data_dir: Path, args) -> None:
+    """The size of the first update each arm's optimizer makes, from one shared gradient: LAMB scales a layer's
+    step to lr × its weight norm, so at init (std 0.02) each weight moves by lr × 0.02, AdamW's by about lr."""
+    import copy
+    import statistics
+
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.pretrain import PretrainingTask, task_settings
+    from albert_dist.train import optim
+
+    prepared = load_prepared(data_dir)
+    cfg = load_config(PretrainJobConfig, None, [f"model.preset={args.preset}", f"train.batch_size={args.batch_size}"])
+    splits = {split: MemorySplit(prepared.shard_paths(split)) for split in ("train", "eval")}
+    task = PretrainingTask(task_settings(cfg, prepared, data_dir), dataset=lambda split: splits[split])
+    torch.manual_seed(0)
+    model = task.build_model()
+    task.loss(model, next(iter(task.train_batches(0))))[0].backward()
+    for spec in args.arm:
+        name, _, overrides = spec.partition("=")
+        train = load_config(PretrainJobConfig, None, shlex.split(overrides)).train
+        copy_ = copy.deepcopy(model)
+        for source, target in zip(model.parameters(), copy_.parameters()):
+            target.grad = source.grad.clone()
+        before = {n: p.detach().clone() for n, p in copy_.named_parameters()}
+        optimizer = optim.build_optimizer(train.optimizer, optim.parameter_groups(copy_.named_parameters(),
+                                                                                  train.weight_decay),
+                                          train.learning_rate, (train.adam_beta1, train.adam_beta2),
+                                          train.adam_epsilon, train.weight_decay)
+        optimizer.step()
+        rms = [(p.detach() - before[n]).pow(2).mean().sqrt().item() for n, p in copy_.named_parameters()
+               if p.dim() == 2]
+        print(f"{name}: median RMS change of a weight matrix in the first step {statistics.median(rms):.2e}")
+
+
 def table(results: list[dict]) -> str:
     keys = [f"{m}>={t}" for m, targets in THRESHOLDS.items() for t in targets]
     head = "| arm | " + " | ".join(k.replace("eval_", "").replace("_accuracy", "") for k in keys) + \
@@ -141,10 +175,15 @@ def main() -> None:
                         help="an arm: its name and space-separated --set overrides")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--prepare-only", action="store_true")
+    parser.add_argument("--first-step", action="store_true",
+                        help="only print how far each arm's optimizer moves the weights in its first step")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data_dir = prepare(Path(args.data_root), args.corpus, args.zh_path, args.seq, args.vocab, args.eval_fraction)
     if args.prepare_only:
+        return
+    if args.first_step:
+        first_step_sizes(data_dir, args)
         return
     results = []
     for spec in args.arm:
