@@ -123,8 +123,12 @@ class TrainSection(Section):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 where the hardware has it natively (GPU, AMX CPU), else fp32 (fp16 on "
                             "GPUs without bf16).")
-    optimizer: Literal["lamb", "adamw"] = "lamb"
-    learning_rate: float = Field(1.76e-3, gt=0)
+    optimizer: Literal["lamb", "adamw"] = Field(
+        "adamw", description="lamb for large batches (google: 1.76e-3 at 4096 sequences, pretrain_base.yaml). At "
+                             "small batches and few steps LAMB at that rate barely moves: it scales each layer's "
+                             "step to lr × the layer's weight RMS (0.02 at init), 25× less than AdamW's at 1e-3 "
+                             "(benchmarks/README.md, bench_recipes).")
+    learning_rate: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     adam_beta2: float = Field(0.999, ge=0, lt=1)
