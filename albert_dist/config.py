@@ -152,8 +152,12 @@ class TrainSection(Section):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 where the hardware has it natively (GPU, AMX CPU), else fp32 (fp16 on "
                             "GPUs without bf16).")
-    optimizer: Literal["lamb", "adamw"] = "lamb"
-    learning_rate: float = Field(1.76e-3, gt=0)
+    optimizer: Literal["lamb", "adamw"] = Field(
+        "adamw", description="lamb for large batches (google: 1.76e-3 at 4096 sequences, pretrain_base.yaml). At "
+                             "small batches and few steps LAMB at that rate barely moves: it scales each layer's "
+                             "step to lr × the layer's weight RMS (0.02 at init), 25× less than AdamW's at 1e-3 "
+                             "(benchmarks/README.md, bench_recipes).")
+    learning_rate: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     adam_beta2: float = Field(0.999, ge=0, lt=1)
@@ -166,7 +170,12 @@ class TrainSection(Section):
     max_grad_norm: float = Field(1.0, ge=0, description="0 disables clipping.")
     log_every: int = Field(10, gt=0)
     eval_every: int = Field(200, gt=0)
-    eval_batches: int = Field(20, gt=0)
+    eval_batches: int = Field(20, gt=0, description="Evaluation reads this many batches of batch_size held-out "
+                                                    "sequences (in all, not per worker).")
+    plateau_warning_after: float | None = Field(
+        0.25, ge=0, le=1, description="Share of max_steps after which an evaluation whose accuracy is still "
+                                      "within a point of its baseline (pretraining: held-out MLM accuracy vs. the "
+                                      "unigram baseline) prints a warning, once; null disables it.")
     checkpoint_every: int = Field(200, gt=0)
     keep_checkpoints: int = Field(3, ge=1)
     max_failures: int = Field(2, ge=-1, description="Worker restarts from the latest checkpoint; -1 = unlimited.")
@@ -183,6 +192,28 @@ class TrainSection(Section):
     def _warmup_fits(self) -> "TrainSection":
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        return self
+
+
+class PretrainTrainSection(TrainSection):
+    """TrainSection plus pretraining's learning-rate range test."""
+
+    lr_range_test: bool = Field(False, description="Instead of training, run a learning-rate range test "
+                                                   "(lr_range_steps steps, the rate growing exponentially from "
+                                                   "lr_range_min to lr_range_max), print loss against rate and a "
+                                                   "suggested train.learning_rate, log the plot to MLflow.")
+    lr_range_steps: int = Field(100, ge=5)
+    lr_range_min: float = Field(1e-5, gt=0)
+    lr_range_max: float = Field(1.0, gt=0)
+
+    def loop_settings(self) -> TrainSection:
+        """The fields the training loop reads (the range test is the driver's)."""
+        return TrainSection.model_validate(self.model_dump(include=set(TrainSection.model_fields)))
+
+    @model_validator(mode="after")
+    def _range_ordered(self) -> "PretrainTrainSection":
+        if self.lr_range_min >= self.lr_range_max:
+            raise ValueError(f"lr_range_min ({self.lr_range_min}) must be below lr_range_max ({self.lr_range_max})")
         return self
 
 
@@ -219,7 +250,7 @@ class PretrainJobConfig(Section):
     data: DataSection = Field(default_factory=DataSection)
     masking: MaskingSection = Field(default_factory=MaskingSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
-    train: TrainSection = Field(default_factory=TrainSection)
+    train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
 
 

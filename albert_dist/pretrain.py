@@ -10,8 +10,9 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from albert_dist import mlflow_models, run_lock, tracking
@@ -22,6 +23,7 @@ from albert_dist.train.feed import rank_batches
 from albert_dist.train.loop import TrainingTask, replace_dir_atomically
 
 SHUFFLE_BUFFER = 2048
+EVAL_MASK_STREAM = 7919  # seeds the held-out masks apart from any training batch's
 
 
 def effective_parameters(model: torch.nn.Module) -> int:
@@ -82,31 +84,53 @@ class PretrainingTask(TrainingTask):
             "sop_correct": (out.sop_logits.argmax(-1) == batch["sentence_order_label"]).sum(),
             "sop_count": torch.tensor(float(n_pairs)),
         }
+        if not model.training:  # evaluation: the label histogram gives the split's unigram baseline
+            stats["mlm_label_counts"] = torch.bincount(out.mlm_labels.detach().cpu(),
+                                                       minlength=self.collator.vocab_size)
         return out.loss, stats
 
     def summarize(self, sums):
         mlm_n, sop_n = max(1.0, sums.get("mlm_count", 0.0)), max(1.0, sums.get("sop_count", 0.0))
         mlm_loss, sop_loss = sums.get("mlm_loss_sum", 0.0) / mlm_n, sums.get("sop_loss_sum", 0.0) / sop_n
-        return {"loss": mlm_loss + sop_loss, "mlm_loss": mlm_loss, "sop_loss": sop_loss,
-                "mlm_accuracy": sums.get("mlm_correct", 0.0) / mlm_n,
-                "sop_accuracy": sums.get("sop_correct", 0.0) / sop_n}
+        metrics = {"loss": mlm_loss + sop_loss, "mlm_loss": mlm_loss, "sop_loss": sop_loss,
+                   "mlm_accuracy": sums.get("mlm_correct", 0.0) / mlm_n,
+                   "sop_accuracy": sums.get("sop_correct", 0.0) / sop_n}
+        if "mlm_label_counts" in sums:
+            # always predicting the most frequent masked piece: the accuracy a model that learned nothing reaches
+            metrics["mlm_unigram_baseline"] = max(sums["mlm_label_counts"]) / mlm_n
+        return metrics
 
-    def _batches(self, split: str, epoch: int, **kwargs) -> Iterator[dict[str, torch.Tensor]]:
+    def evaluation_line(self, metrics: dict[str, float]) -> str:
+        return (f"eval MLM accuracy {metrics['eval_mlm_accuracy']:.3f} (unigram baseline "
+                f"{metrics['eval_mlm_unigram_baseline']:.3f}) | eval SOP accuracy {metrics['eval_sop_accuracy']:.3f}"
+                f" (chance 0.5) | eval loss {metrics['eval_loss']:.4g}")
+
+    def plateau(self, metrics: dict[str, float]) -> tuple[str, float, float]:
+        return "held-out MLM accuracy", metrics["eval_mlm_accuracy"], metrics["eval_mlm_unigram_baseline"]
+
+    def train_batches(self, epoch):
         from albert_dist.data.masking import batch_rng
 
         seed = self.config["seed"]
-        for index, rows in enumerate(rank_batches(self.dataset(split), batch_size=self.config["batch_size"],
-                                                  rank=self.rank, world_size=self.world_size, **kwargs)):
+        for index, rows in enumerate(rank_batches(self.dataset("train"), batch_size=self.config["batch_size"],
+                                                  rank=self.rank, world_size=self.world_size, seed=seed + epoch,
+                                                  shuffle_buffer=SHUFFLE_BUFFER)):
             yield self.collator(rows, batch_rng(seed, epoch, self.rank, index))
 
-    def train_batches(self, epoch):
-        return self._batches("train", epoch, seed=self.config["seed"] + epoch, shuffle_buffer=SHUFFLE_BUFFER)
-
     def eval_batches(self):
-        # the same masks at every evaluation, so eval metrics are comparable over time
+        """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it
+        divides the batch size), each masked by a generator seeded with its row number: the same positions at
+        every evaluation, after a resume and with any number of workers, so the metrics compare over time."""
         if not self.config["has_eval"]:
-            return []
-        return self._batches("eval", 0, drop_last=False, limit=self.config["eval_batches"])
+            return
+        size = -(-self.config["batch_size"] // self.world_size)
+        for index, rows in enumerate(rank_batches(self.dataset("eval"), batch_size=size, rank=self.rank,
+                                                  world_size=self.world_size, drop_last=False,
+                                                  limit=self.config["eval_batches"])):
+            first = (index * self.world_size + self.rank) * size
+            count = len(rows["sop_label"])
+            yield self.collator(rows, [np.random.default_rng([self.config["seed"], EVAL_MASK_STREAM, first + i])
+                                       for i in range(count)])
 
     def save_model(self, model, directory: Path) -> None:
         from albert_dist.tokenizer import load_tokenizer
@@ -166,20 +190,14 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     print(f"data: {prepared.rows('train')} training instances, " + (
         "read once into Ray's object store" if in_memory else "streamed from Parquet every epoch") +
         f" (data.cache={cfg.data.cache})")
-    task_config = {
-        "prepared_dir": str(data_dir), "model_config": model_config.to_dict(), "init_from": cfg.model.init_from,
-        "allow_pickle": cfg.model.allow_pickle,
-        "masking": cfg.masking.model_dump(), "batch_size": cfg.train.batch_size, "seed": cfg.run.seed,
-        "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
-        "manifest": manifest, "has_eval": prepared.eval is not None,
-    }
+    task_config = task_settings(cfg, prepared, data_dir, model_config)
     datasets = prepared.for_training(in_memory)
     best_dir = run_dir / "best_model"
     try:
         result = run_training(name=cfg.run.name, storage_path=run_dir / "ray", task_factory=
                               "albert_dist.pretrain:build_pretraining_task", task_config=task_config,
-                              train=cfg.train, scaling=cfg.scaling, seed=cfg.run.seed, datasets=datasets,
-                              tracking=(uri, run_id), best_model_dir=best_dir)
+                              train=cfg.train.loop_settings(), scaling=cfg.scaling, seed=cfg.run.seed,
+                              datasets=datasets, tracking=(uri, run_id), best_model_dir=best_dir)
     except BaseException:
         tracking.finish_run(uri, run_id, "FAILED")
         raise
@@ -193,6 +211,20 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     return PretrainOutcome(model_dir, best_dir, uri, run_id, result.metrics)
 
 
+def task_settings(cfg: PretrainJobConfig, prepared, data_dir: Path, model_config: AlbertConfig | None = None
+                  ) -> dict[str, Any]:
+    """The `PretrainingTask` config of a job on the prepared data `prepared` (read from `data_dir`)."""
+    manifest = prepared.manifest
+    model_config = model_config or _model_config(cfg, manifest)
+    return {
+        "prepared_dir": str(data_dir), "model_config": model_config.to_dict(), "init_from": cfg.model.init_from,
+        "allow_pickle": cfg.model.allow_pickle,
+        "masking": cfg.masking.model_dump(), "batch_size": cfg.train.batch_size, "seed": cfg.run.seed,
+        "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
+        "manifest": manifest, "has_eval": prepared.rows("eval") > 0,
+    }
+
+
 def _model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -> AlbertConfig:
     if cfg.model.init_from:
         return AlbertConfig.from_json_file(Path(cfg.model.init_from) / "config.json")
@@ -203,7 +235,49 @@ def _model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -> AlbertCon
     return model_config
 
 
+def lr_range_test(cfg: PretrainJobConfig):
+    """The learning-rate range test of `train.lr_range_test` on the job's data and model, in this process (one
+    worker's batches), tracked as its own MLflow run; returns the `RangeTest`."""
+    import tempfile
+
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.ray_init import ensure_ray
+    from albert_dist.train.lr_range import run_range_test
+
+    ensure_ray()
+    data_dir = prepared_dir(cfg)
+    prepared = load_prepared(data_dir)
+    uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
+    run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, cfg.run.run_dir / "lr_range_test",
+                                          f"{cfg.run.name}-lr-range-test", tags={"albert_dist.job": "lr_range_test"})
+    tracking.log_params(uri, run_id, {**flatten(cfg), "data.prepared_dir": str(data_dir)})
+    s = cfg.train
+    print(f"learning-rate range test: {s.optimizer}, {s.lr_range_steps} steps from {s.lr_range_min:g} to "
+          f"{s.lr_range_max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run_id}")
+    task = PretrainingTask(task_settings(cfg, prepared, data_dir), dataset=prepared.dataset)
+    try:
+        result = run_range_test(task, s, cfg.run.seed)
+    except BaseException:
+        tracking.finish_run(uri, run_id, "FAILED")
+        raise
+    with tempfile.TemporaryDirectory() as tmp:
+        result.plot(Path(tmp) / "lr_range_test.png")
+        (Path(tmp) / "lr_range_test.json").write_text(json.dumps(
+            {"learning_rate": result.learning_rates, "loss": result.losses, "smoothed_loss": result.smoothed,
+             "suggested_learning_rate": result.suggested}))
+        tracking.log_artifacts(uri, run_id, tmp, "lr_range_test")
+    tracking.log_params(uri, run_id, {"suggested_learning_rate": result.suggested})
+    tracking.finish_run(uri, run_id)
+    print(result.table())
+    print(f"suggested: --set train.learning_rate={result.suggested:.2g} (a tenth of the rate with the lowest "
+          f"smoothed loss; {s.optimizer})\nplot: MLflow run {run_id}, artifact lr_range_test/lr_range_test.png")
+    return result
+
+
 def run_pretrain(cfg: PretrainJobConfig) -> int:
+    if cfg.train.lr_range_test:
+        lr_range_test(cfg)
+        return 0
     outcome = pretrain(cfg)
     m = outcome.metrics
     print(f"done: step {m.get('step')}, mlm_accuracy {m.get('mlm_accuracy', float('nan')):.3f}, "

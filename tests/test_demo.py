@@ -11,16 +11,42 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
-
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_demo_runs_every_stage_and_reports_where_things_are(tmp_path):
+def test_a_second_demo_into_the_same_directory_starts_fresh(tmp_path, capsys):
+    from albert_dist.demo import _start_fresh
+
+    root = tmp_path / "demo"
+    _start_fresh(root)  # nothing there yet: nothing to say
+    assert not capsys.readouterr().out
+    (root / "demo" / "model").mkdir(parents=True)
+    (root / "mlflow.db").write_text("runs of the first demo")
+    _start_fresh(root)
+    assert "held an earlier demo: moved to" in capsys.readouterr().out and not root.exists()
+    assert (tmp_path / "demo.previous" / "mlflow.db").read_text() == "runs of the first demo"
+    root.mkdir()
+    (root / "mlflow.db").write_text("runs of the second demo")
+    _start_fresh(root)  # the one before is replaced, not piled up
+    assert (tmp_path / "demo.previous" / "mlflow.db").read_text() == "runs of the second demo"
+
+
+def test_the_task_hides_its_cue_words(stdlib_corpus, tmp_path):
+    import csv
+
+    from albert_dist.demo import RETURNS_CUE, write_classification_task
+
+    rows = list(csv.DictReader(open(write_classification_task(stdlib_corpus, tmp_path / "task.csv"))))
+    labels = [row["label"] for row in rows]
+    assert labels.count("returns") == labels.count("other") > 500
+    assert not any(RETURNS_CUE.search(row["text"]) for row in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_demo_runs_every_stage_learns_and_shows_what_pretraining_bought(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as a user gets
-    sets = ["run.output_dir=" + str(tmp_path / "demo"), "corpus_chars=150000", "tokenizer.vocab_size=1000",
-            "train.max_steps=20", "train.eval_every=20", "train.checkpoint_every=20", "train.eval_batches=2",
-            "finetune_steps=20", "sweep_trials=2"]
+    sets = ["run.output_dir=" + str(tmp_path / "demo"), "sweep_trials=2"]  # the demo's budget, two trials
     out = subprocess.run([str(Path(sys.executable).parent / "albert-dist"), "demo",
                           *[a for s in sets for a in ("--set", s)]], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=1200)
@@ -33,7 +59,14 @@ def test_demo_runs_every_stage_and_reports_where_things_are(tmp_path):
     for model in ("demo/model", "demo-finetune/model", "demo-distill/model"):
         assert (root / model / "config.json").is_file() and (root / model / "model.safetensors").is_file()
     summary = log[log.index("=== albert-dist demo: results ==="):]
-    assert re.search(r"dev accuracy\s+0\.\d+\s+0\.\d+", summary)
+    # every stage learned: well above what a model that learned nothing scores (not fixed numbers)
+    mlm, unigram = map(float, re.search(r"eval MLM accuracy (\S+) \(unigram baseline (\S+)\)", summary).groups())
+    assert mlm > unigram + 0.05, summary
+    pretrained, random_init = map(float, re.search(
+        r"dev accuracy (\S+) from the pretrained model, (\S+) from a random init", summary).groups())
+    assert pretrained > 0.5 + 0.15 and pretrained >= random_init + 0.03, summary  # two balanced classes
+    _, student = map(float, re.search(r"dev accuracy\s+(0\.\d+)\s+(0\.\d+)", summary).groups())
+    assert student > 0.5 + 0.1, summary
     assert len(re.findall(r"TERMINATED", summary)) == 2  # the sweep's two trials in the table
     assert f"MLflow: sqlite:///{root / 'mlflow.db'}" in summary and "mlflow ui --backend-store-uri" in summary
 
@@ -42,7 +75,7 @@ def test_demo_runs_every_stage_and_reports_where_things_are(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     names = {r.info.run_name for r in runs}
-    assert {"demo", "demo-finetune", "demo-distill"} <= names
+    assert {"demo", "demo-finetune", "demo-finetune-random-init", "demo-distill"} <= names
     assert all(r.info.status == "FINISHED" for r in runs)
     # each progress line once (Ray Train's print redirection would send every one twice)
     progress = [line for line in log.splitlines() if re.search(r"\) step \d+/\d+ \|", line)]

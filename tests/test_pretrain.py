@@ -89,6 +89,9 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     assert len(losses) == 8 and losses[-1] < losses[0] - 1.0
     sop = client.get_metric_history(outcome.run_id, "eval_sop_accuracy")
     assert sorted(x.step for x in sop) == [200, 400]
+    baseline = client.get_metric_history(outcome.run_id, "eval_mlm_unigram_baseline")
+    assert sorted(x.step for x in baseline) == [200, 400] and len({x.value for x in baseline}) == 1  # fixed masks
+    assert 0 < m["eval_mlm_unigram_baseline"] < m["eval_mlm_accuracy"] - 0.05, m
     artifacts = {a.path for a in client.list_artifacts(outcome.run_id, "model")}
     assert {"model/config.json", "model/model.safetensors", "model/spiece.model"} <= artifacts
 
@@ -99,6 +102,103 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
         torch.testing.assert_close(ours(input_ids=ids).sop_logits, theirs(input_ids=ids).sop_logits,
                                    atol=1e-5, rtol=1e-4)
     assert (outcome.best_model_dir / "model.safetensors").is_file()
+
+
+def in_process_task(root: Path, world_size: int = 1, rank: int = 0, *extra: str):
+    """A `PretrainingTask` on the prepared data read through Ray Data in this process, as rank `rank`."""
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.pretrain import PretrainingTask, task_settings
+
+    prepared = load_prepared(root / "prepared")
+    cfg = load_config(PretrainJobConfig, None, pretrain_overrides(root, "in-process") + list(extra))
+    settings = {**task_settings(cfg, prepared, root / "prepared"), "rank": rank, "world_size": world_size}
+    return PretrainingTask(settings, dataset=prepared.dataset), cfg
+
+
+def eval_rows(tasks) -> list[tuple]:
+    """(input ids, labels) of every held-out sequence the tasks (one per rank) evaluate, padding dropped."""
+    rows = []
+    for task in tasks:
+        for batch in task.eval_batches():
+            for ids, labels, mask in zip(batch["input_ids"], batch["labels"], batch["attention_mask"]):
+                length = int(mask.sum())
+                rows.append((tuple(ids[:length].tolist()), tuple(labels[:length].tolist())))
+    return sorted(rows)
+
+
+def test_held_out_masks_are_the_same_every_time_and_with_any_number_of_workers(prepared, ray_session):
+    from albert_dist.data.loading import load_prepared
+
+    one = eval_rows([in_process_task(prepared)[0]])
+    assert len(one) == min(4 * 16, load_prepared(prepared / "prepared").rows("eval"))  # eval_batches x batch_size
+    assert all(any(t != -100 for t in labels) for _, labels in one)
+    assert eval_rows([in_process_task(prepared)[0]]) == one  # the next evaluation, or a resumed run
+    assert eval_rows([in_process_task(prepared, 2, rank)[0] for rank in range(2)]) == one
+    other_seed = eval_rows([in_process_task(prepared, 1, 0, "run.seed=1")[0]])
+    assert [ids for ids, _ in other_seed] == [ids for ids, _ in one] and other_seed != one
+
+
+def trainer_output(root: Path, *extra: str, task_type=None) -> tuple[dict, list[str]]:
+    from albert_dist.train.loop import Trainer, WorkerEnv
+
+    task, cfg = in_process_task(root, 1, 0, "train.max_steps=4", "train.eval_every=1", "train.learning_rate=1e-6",
+                                *extra)
+    if task_type is not None:
+        task.__class__ = task_type
+    lines: list[str] = []
+    metrics = Trainer(task, cfg.train, WorkerEnv(print_fn=lines.append)).fit()
+    return metrics, lines
+
+
+def test_evaluation_shows_the_unigram_baseline_and_warns_once_on_the_plateau(prepared, ray_session):
+    from albert_dist.pretrain import PretrainingTask
+
+    labels = [label for _, row in eval_rows([in_process_task(prepared)[0]]) for label in row if label != -100]
+    most_frequent = max(labels.count(label) for label in set(labels))
+    metrics, lines = trainer_output(prepared, "train.plateau_warning_after=0.5")
+    assert metrics["eval_mlm_unigram_baseline"] == pytest.approx(most_frequent / len(labels))
+    shown = [line for line in lines if " | eval MLM accuracy " in line]
+    assert len(shown) == 4 and f"(unigram baseline {most_frequent / len(labels):.3f})" in shown[-1]
+    warnings = [line for line in lines if line.startswith("warning:")]
+    # an untrained model sits on the plateau: warned once, at half of the run, with the next step to take
+    assert len(warnings) == 1 and "(step 2/4)" in warnings[0] and "train.lr_range_test=true" in warnings[0]
+    assert lines.index(warnings[0]) > lines.index(shown[1])
+
+    assert not [line for line in trainer_output(prepared, "train.plateau_warning_after=null")[1]
+                if line.startswith("warning:")]
+
+    class Learned(PretrainingTask):
+        def plateau(self, eval_metrics):
+            return "held-out MLM accuracy", eval_metrics["eval_mlm_unigram_baseline"] + 0.05, \
+                eval_metrics["eval_mlm_unigram_baseline"]
+
+    assert not [line for line in trainer_output(prepared, task_type=Learned)[1] if line.startswith("warning:")]
+
+
+def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from albert_dist.pretrain import run_pretrain
+
+    overrides = pretrain_overrides(prepared, "range") + [
+        "train.lr_range_test=true", "train.lr_range_steps=40", "train.lr_range_min=1e-4", "train.lr_range_max=30"]
+    assert run_pretrain(load_config(PretrainJobConfig, None, overrides)) == 0
+    out = capsys.readouterr().out
+    suggested = float(re.search(r"suggested: --set train.learning_rate=(\S+) ", out).group(1))
+    rates = [float(line.split()[0]) for line in out.splitlines() if re.match(r"\s+\d\S* +\d+\.\d+ +\d+\.", line)]
+    lowest = next(float(line.split()[0]) for line in out.splitlines() if line.endswith("<- lowest"))
+    assert rates == sorted(rates) and rates[0] == pytest.approx(1e-4)
+    assert rates[-1] < 30  # the loss blew up on the way: stopped before the top of the range
+    assert 1e-4 < lowest < 30 and suggested == pytest.approx(lowest / 10, rel=0.05)
+    assert not (prepared / "range" / "model").exists()  # a range test trains nothing
+
+    client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
+    run = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id,
+                             filter_string="attributes.run_name = 'range-lr-range-test'")[0]
+    assert run.info.status == "FINISHED"
+    assert float(run.data.params["suggested_learning_rate"]) == pytest.approx(suggested, rel=0.05)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "lr_range_test")}
+    assert {"lr_range_test/lr_range_test.png", "lr_range_test/lr_range_test.json"} <= artifacts
 
 
 # Runs compared for exact resume: 30 steps, a checkpoint every 10, evaluation at the end. The baseline reads the

@@ -13,7 +13,7 @@ batch instead of a loop per token.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -161,7 +161,19 @@ class MaskingCollator:
         longest = int(lengths.max(initial=1))
         return -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
 
-    def __call__(self, batch: Mapping[str, Any], rng: np.random.Generator) -> dict:
+    def mask_rows(self, input_ids: np.ndarray, lengths: np.ndarray, word_start: np.ndarray | None,
+                  rngs: Sequence[np.random.Generator]) -> tuple[np.ndarray, np.ndarray]:
+        """As `mask`, but each row alone at its own length with its own generator: a row's mask then depends on
+        nothing else in the batch (nor on its padding), so evaluation can fix it per row."""
+        out, labels = input_ids.copy(), np.full_like(input_ids, IGNORE_INDEX)
+        for row, (length, rng) in enumerate(zip(lengths, rngs)):
+            starts = None if word_start is None else word_start[row:row + 1, :length]
+            masked, row_labels = self.mask(input_ids[row:row + 1, :length], lengths[row:row + 1], starts, rng)
+            out[row, :length], labels[row, :length] = masked[0], row_labels[0]
+        return out, labels
+
+    def __call__(self, batch: Mapping[str, Any], rng: np.random.Generator | Sequence[np.random.Generator]) -> dict:
+        """`rng` is one generator for the batch, or one per row (see `mask_rows`)."""
         import torch
 
         lengths = np.fromiter((len(r) for r in batch["input_ids"]), np.int64, len(batch["input_ids"]))
@@ -173,7 +185,8 @@ class MaskingCollator:
             labels = static_labels(batch["masked_lm_positions"], batch["masked_lm_ids"], len(lengths), width)
         else:
             word_start = pad_ragged(batch["word_start"], 0, width, bool)[0] if "word_start" in batch else None
-            masked_ids, labels = self.mask(input_ids, lengths, word_start, rng)
+            mask = self.mask if isinstance(rng, np.random.Generator) else self.mask_rows
+            masked_ids, labels = mask(input_ids, lengths, word_start, rng)
         attention_mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
         return {"input_ids": torch.from_numpy(masked_ids),
                 "attention_mask": torch.from_numpy(attention_mask),

@@ -26,6 +26,8 @@ from albert_dist.errors import disk_full_errors
 from albert_dist.train import checkpointing, optim, precision
 
 Batch = dict[str, torch.Tensor]
+#: how close to its baseline (absolute) a metric counts as "learned nothing" for the plateau warning
+PLATEAU_MARGIN = 0.01
 
 
 class TrainingTask(ABC):
@@ -72,6 +74,15 @@ class TrainingTask(ABC):
     def should_evaluate(self, step: int) -> bool:
         """Extra evaluation points besides every `eval_every` steps (e.g. epoch ends)."""
         return False
+
+    def evaluation_line(self, eval_metrics: dict[str, float]) -> str | None:
+        """The evaluation's console line (after "step N/M | "); None prints nothing."""
+        return None
+
+    def plateau(self, eval_metrics: dict[str, float]) -> tuple[str, float, float] | None:
+        """(what, value, baseline) of a metric that a model which learned nothing holds at `baseline`, for the
+        plateau warning (`train.plateau_warning_after`); None when the task has no such baseline."""
+        return None
 
     def should_stop(self, eval_metrics: dict[str, float]) -> bool:
         """Called after each evaluation, on every rank with the same metrics; True stops training (early
@@ -128,6 +139,7 @@ class Trainer:
         self.position = Position()
         self.best: float | None = None
         self.nonfinite_run = 0
+        self.plateau_warned = False
         if env.resume_dir is not None:
             self._restore(env.resume_dir)
         self.wrapped = env.wrap_model(self.model)
@@ -167,6 +179,7 @@ class Trainer:
             if evaluate:
                 metrics.update(self.evaluate())
                 self._keep_best(metrics)
+                self._show_evaluation(metrics)
                 if self.env.log_metrics:
                     self.env.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval_")}, pos.step)
                 stop = self.task.should_stop(metrics)
@@ -269,6 +282,26 @@ class Trainer:
                                if k.endswith(("loss", "accuracy")) and not k.startswith("eval_"))
             self.env.print_fn(f"step {step}/{total} | {shown} | {metrics['tokens_per_s']:.0f} tok/s "
                               f"| lr {metrics['learning_rate']:.3g} | ETA {_duration(eta)}")
+
+    def _show_evaluation(self, metrics: dict[str, float]) -> None:
+        """The task's evaluation line, and once per run a warning when the model still sits on its baseline."""
+        if not self.env.is_main or not any(k.startswith("eval_") for k in metrics):
+            return
+        step, total = self.position.step, self.settings.max_steps
+        line = self.task.evaluation_line(metrics)
+        if line:
+            self.env.print_fn(f"step {step}/{total} | {line}")
+        after, plateau = self.settings.plateau_warning_after, self.task.plateau(metrics)
+        if self.plateau_warned or after is None or plateau is None or step < after * total:
+            return
+        what, value, baseline = plateau
+        if value - baseline < PLATEAU_MARGIN:
+            self.plateau_warned = True
+            self.env.print_fn(
+                f"warning: {what} {value:.3f} is not {PLATEAU_MARGIN * 100:.0f} point above its baseline "
+                f"{baseline:.3f} after {step / total:.0%} of the run (step {step}/{total}): the model has learned "
+                f"nothing beyond the most frequent piece yet. Find a learning rate that learns with the LR range "
+                f"test: the same command with --set train.lr_range_test=true")
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

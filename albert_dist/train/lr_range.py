@@ -1,0 +1,113 @@
+"""Learning-rate range test (Smith 2017, "Cyclical Learning Rates"; fastai's lr_find): train for a few steps
+while the learning rate grows exponentially from `min_lr` to `max_lr`, record the loss at each, and suggest the
+rate a tenth of the one where the smoothed loss is lowest (past it the loss turns up and training diverges).
+
+It runs on the task's own model and training batches, with the job's optimizer, so the suggestion fits them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from albert_dist.config import PretrainTrainSection
+from albert_dist.train import optim
+from albert_dist.train.loop import TrainingTask
+
+SMOOTHING = 0.9  # exponential moving average of the loss, debiased
+DIVERGED = 4.0  # stop once the smoothed loss exceeds this many times its minimum
+
+
+@dataclass
+class RangeTest:
+    learning_rates: list[float]
+    losses: list[float]
+    smoothed: list[float]
+
+    @property
+    def best_index(self) -> int:
+        return min(range(len(self.smoothed)), key=self.smoothed.__getitem__)
+
+    @property
+    def suggested(self) -> float:
+        """A tenth of the rate at the smoothed loss's minimum: fast, with room before the divergence."""
+        return self.learning_rates[self.best_index] / 10
+
+    def table(self, rows: int = 12) -> str:
+        """Loss against learning rate at about `rows` evenly spaced points, the minimum marked."""
+        picks = sorted({round(i * (len(self.losses) - 1) / max(1, rows - 1)) for i in range(rows)} |
+                       {self.best_index})
+        lines = [f"{'learning rate':>14} {'loss':>9} {'smoothed':>9}"]
+        for i in picks:
+            mark = "  <- lowest" if i == self.best_index else ""
+            lines.append(f"{self.learning_rates[i]:>14.3g} {self.losses[i]:>9.4f} {self.smoothed[i]:>9.4f}{mark}")
+        return "\n".join(lines)
+
+    def plot(self, path: Path) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(self.learning_rates, self.losses, alpha=0.3, label="loss")
+        ax.plot(self.learning_rates, self.smoothed, label="smoothed")
+        ax.axvline(self.suggested, color="green", linestyle="--", label=f"suggested {self.suggested:.2g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("training loss")
+        ax.set_title("learning-rate range test")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+
+def run_range_test(task: TrainingTask, settings: PretrainTrainSection, seed: int = 0) -> RangeTest:
+    """One optimizer step per learning rate of `settings.lr_range_steps` exponentially spaced rates between
+    `lr_range_min` and `lr_range_max`, on a fresh model (gradient accumulation and clipping as in training);
+    stops early once the loss diverges."""
+    torch.manual_seed(seed)
+    model = task.build_model()
+    model.train()
+    optimizer = optim.build_optimizer(settings.optimizer, task.parameter_groups(model, settings.weight_decay),
+                                      settings.learning_rate, (settings.adam_beta1, settings.adam_beta2),
+                                      settings.adam_epsilon, settings.weight_decay)
+    steps, low, high = settings.lr_range_steps, settings.lr_range_min, settings.lr_range_max
+    result = RangeTest([], [], [])
+    average, batches = 0.0, _endless(task)
+    for step in range(steps):
+        lr = low * (high / low) ** (step / max(1, steps - 1))
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        total = 0.0
+        for _ in range(settings.grad_accum_steps):
+            loss, _ = task.loss(model, next(batches))
+            (loss / settings.grad_accum_steps).backward()
+            total += loss.item() / settings.grad_accum_steps
+        if settings.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if not math.isfinite(total):
+            break
+        average = SMOOTHING * average + (1 - SMOOTHING) * total
+        result.learning_rates.append(lr)
+        result.losses.append(total)
+        result.smoothed.append(average / (1 - SMOOTHING ** (step + 1)))
+        if step > 0 and result.smoothed[-1] > DIVERGED * min(result.smoothed):
+            break
+    if not result.losses:
+        raise RuntimeError(f"the loss was not finite at the first learning rate ({low:g}): lower lr_range_min")
+    return result
+
+
+def _endless(task: TrainingTask):
+    epoch = 0
+    while True:
+        yield from task.train_batches(epoch)
+        epoch += 1
