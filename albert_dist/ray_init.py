@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,6 +26,9 @@ WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 # Ray's single-machine mode: node IP 127.0.0.1, the only setting that keeps GCS, raylet, agents and workers off
 # the machine's other interfaces (a plain local Ray binds them to all of them, whatever the dashboard host).
 LOOPBACK_FLAG = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray's raylet gives its dashboard agent a fixed 15 s to come up and exits otherwise (ray-project/ray#65983): on a
+# busy small machine a local start can fail that way, so it is tried this many times.
+STARTS = 3
 
 
 def ensure_ray() -> None:
@@ -62,8 +67,46 @@ def start_local_ray(**init_kwargs: Any):
     # path does), so that a shell's RAY_AUTH_MODE=disabled or an earlier start's token cannot win
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
-    with _loopback_only():
-        return ray.init(address="local", **init_kwargs)
+    runtime_env = {**init_kwargs.pop("runtime_env", {}),
+                   "worker_process_setup_hook": "albert_dist.ray_init.keep_rendezvous_on_loopback"}
+    for attempt in range(STARTS):
+        try:
+            with _loopback_only():
+                return ray.init(address="local", runtime_env=runtime_env, **init_kwargs)
+        except Exception as err:  # noqa: BLE001 - only Ray's start-up timeout is retried
+            if attempt == STARTS - 1 or "timed out during startup" not in str(err):
+                raise
+            ray.shutdown()
+            print("local Ray: its node did not come up in time (a busy machine?); starting it again", flush=True)
+
+
+def keep_rendezvous_on_loopback() -> None:
+    """Worker setup hook of a local Ray: torch's TCPStore, the rendezvous rank 0 of Ray Train serves, listens on
+    every interface whatever the address it is given; where that address is a loopback one, hand it a socket bound
+    to that address instead."""
+    import importlib
+
+    from torch.distributed import TCPStore
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not its function
+
+    create_store = rendezvous._create_c10d_store
+
+    def create_loopback_store(hostname, port, rank, world_size, timeout, use_libuv=True):
+        if rank != 0 or not _is_loopback(hostname):
+            return create_store(hostname, port, rank, world_size, timeout, use_libuv)
+        listener = socket.create_server((hostname, port))
+        return TCPStore(host_name=hostname, port=port, world_size=world_size, is_master=True, timeout=timeout,
+                        multi_tenant=True, master_listen_fd=listener.detach(), use_libuv=use_libuv)
+
+    rendezvous._create_c10d_store = create_loopback_store
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _new_token_file() -> Path:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import prepare_args, pretrain_args, sets
+from finetune_helpers import single_rows, write_csv
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
@@ -117,7 +118,6 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stdlib_corpus, tmp
     assert (model_dir / "config.json").is_file()  # under the output root, not the job's temporary copy
     expected = {"albert-pretrain": "e2e-pretrain"}
 
-    single_rows, write_csv = _finetune_helpers()
     write_csv(tmp_path / "train.csv", single_rows(96, seed=1))
     out = submit(env, "finetune", "--config", "jobs/configs/finetune.yaml", "--name", "finetune-1", *sets(
         "run.name=e2e-finetune", f"model.init_from={model_dir}", f"data.train={tmp_path / 'train.csv'}", "data.dev=",
@@ -155,14 +155,6 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stdlib_corpus, tmp
                             str(state / "logs"), str(outputs), str(state / "mlflow" / "artifacts")],
                            capture_output=True, text=True)
     assert leaks.stdout == "", f"secrets written to {leaks.stdout}"
-
-
-def _finetune_helpers():
-    """Labelled rows for the fine-tuning half; skipped while the fine-tuning package is absent."""
-    pytest.importorskip("albert_dist.finetune.job")
-    from finetune_helpers import single_rows, write_csv
-
-    return single_rows, write_csv
 
 
 def test_stopped_job_resumes_when_submitted_again(cluster, stdlib_corpus):

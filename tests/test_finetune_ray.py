@@ -251,3 +251,41 @@ def test_length_grouped_batches_pad_less_and_learn_as_well(workspace, tmp_path, 
     (grouped_width, grouped_accuracy), (random_width, random_accuracy) = results[True], results[False]
     assert grouped_width < 0.75 * random_width
     assert grouped_accuracy > 0.8 and abs(grouped_accuracy - random_accuracy) <= 0.1
+
+
+def dev_metrics(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if "dev_" in k}
+
+
+def test_same_seed_same_machine_same_dev_metrics(classifier, workspace, ray_session):
+    """Fine-tuning again with the classifier's config (another run name), and distilling twice: the same dev
+    metrics to the last bit (the precision is fp32; `auto` could pick bf16 on other CPUs, not between two runs)."""
+    again = finetune(finetune_config(workspace, run={"name": "classify-again"}))
+    assert dev_metrics(classifier.metrics) and dev_metrics(again.metrics) == dev_metrics(classifier.metrics)
+
+    def small_distill(name: str) -> dict:
+        return distill(DistillJobConfig.model_validate({
+            "run": {"name": name, "output_dir": str(workspace / "runs")},
+            "distill": {"teacher": str(classifier.model_dir), "speed_repeats": 1},
+            "student": {"num_hidden_layers": 1},
+            "data": {"train": str(workspace / "train.csv"), "dev": str(workspace / "dev.jsonl"),
+                     "max_seq_length": 32},
+            "finetune": {"epochs": 1},
+            "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+            "train": FAST_TRAIN,
+            "tracking": {"tracking_uri": f"sqlite:///{workspace}/mlflow.db"},
+        })).metrics
+
+    first, second = small_distill("distill-a"), small_distill("distill-b")
+    assert "student_dev_accuracy" in first and dev_metrics(first) == dev_metrics(second)
+
+
+def test_the_precision_used_is_explained(monkeypatch):
+    """What the demo's summary prints: `auto` depends on the CPU, hence results may differ between CPUs."""
+    from albert_dist.train import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert precision.explain_precision("auto", False).startswith("bf16 (train.precision=auto: this CPU has native")
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert precision.explain_precision("auto", False).startswith("fp32 (train.precision=auto: this CPU has no native")
+    assert precision.explain_precision("fp32", False) == "fp32 (set by train.precision)"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_helpers import process_tree
 from safetensors.torch import load_file
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
@@ -283,8 +284,10 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
 
 
 def train_worker_pids() -> list[int]:
+    """The training workers of this test process's own Ray (another pytest process runs its own Ray and runs)."""
+    mine = process_tree(os.getpid())
     out = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+    return [int(p) for p in out.split() if int(p) in mine]
 
 
 @pytest.fixture(scope="module")
@@ -309,6 +312,7 @@ def test_killed_worker_is_restarted_from_the_checkpoint(prepared, baseline, faul
 
     outcome, killed = faulted
     assert killed, "no worker was killed"
+    assert outcome.metrics["resumed_from_step"] > 0  # restarted from the checkpoint, not from scratch
     assert outcome.metrics["step"] == RESUME_STEPS
     assert_same_weights(baseline, final_weights(prepared / "faulted"))
     client = MlflowClient(outcome.tracking_uri)

@@ -1,0 +1,61 @@
+"""The OS's view of test processes: a process tree, the TCP listeners its processes hold."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp*
+
+
+def listening_sockets() -> dict[int, tuple[str, int]]:
+    """Socket inode -> (IP, port) of every TCP listener on the machine, IPv4 and IPv6."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != LISTEN:
+                continue
+            address, port = fields[1].split(":")
+            # the kernel prints each 32-bit word of the address in host (little-endian) byte order
+            raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+            found[int(fields[9])] = (str(ipaddress.ip_address(raw)), int(port, 16))
+    return found
+
+
+def is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    return address.is_loopback or bool(getattr(address, "ipv4_mapped", None) and address.ipv4_mapped.is_loopback)
+
+
+def process_tree(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()  # "pid (command) state ppid ..."
+        except OSError:
+            continue  # the process ended meanwhile
+        children.setdefault(int(text.rsplit(") ", 1)[1].split()[1]), []).append(int(text.split(" ", 1)[0]))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def listeners_of(pids: set[int]) -> set[tuple[str, int, str]]:
+    """(IP, port, process command line) of each TCP listener that one of `pids` holds."""
+    sockets = listening_sockets()
+    held = set()
+    for pid in pids:
+        try:
+            name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and int(target[8:-1]) in sockets:
+                    held.add((*sockets[int(target[8:-1])], name))
+        except OSError:
+            continue  # the process ended meanwhile
+    return held

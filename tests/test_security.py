@@ -1,0 +1,271 @@
+"""Safe by default: a Ray that albert-dist starts by itself listens on loopback only and wants its token; a
+password in the tracking URI is found nowhere afterwards.
+
+One real `albert-dist pretrain` (its own local Ray, two Ray Train workers, a real `mlflow server` reached through
+a URI with a canary password) is watched while it trains: the socket table of the OS (/proc/net/tcp, /proc/net/tcp6)
+for every process of its tree, and its dashboard's job API asked with and without the token. Afterwards the canary
+is searched for in its output, its MLflow params, tags and artifacts, and every file it or its Ray wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from process_helpers import is_loopback, listeners_of, process_tree
+from test_tracking import free_port, start_server, stop_server
+
+from albert_dist import jobs_client
+from albert_dist.config import DataJobConfig, load_config
+from albert_dist.data.prepare import prepare_dataset
+from albert_dist.errors import AlbertDistError, ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+CANARY = f"canary-{uuid.uuid4().hex}"
+
+
+def http_status(url: str, token: str | None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@dataclass
+class WatchedJob:
+    root: Path
+    ray_tmp: Path
+    tracking_uri: str
+    output: list[str] = field(default_factory=list)
+    listeners: set[tuple[str, int, str]] = field(default_factory=set)
+    api_status: dict[str, int] = field(default_factory=dict)
+    token_file_mode: int | None = None
+    returncode: int | None = None
+
+    @property
+    def log(self) -> str:
+        return "".join(self.output)[-6000:]
+
+
+def probe_api(job: WatchedJob, line: str) -> None:
+    """Ask the job API of the Ray announced in `line` without a token, with a wrong one and with the right one."""
+    url, token_path = re.search(r"dashboard (http://\S+),.* token is in (\S+) ", line).groups()
+    token = Path(token_path).read_text().strip()
+    job.token_file_mode = Path(token_path).stat().st_mode & 0o777
+    api = f"{url}/api/jobs/"
+    job.api_status = {"none": http_status(api, None), "wrong": http_status(api, "not-" + token),
+                      "token": http_status(api, token)}
+
+
+@pytest.fixture(scope="module")
+def watched_pretraining(tmp_path_factory, ray_session) -> WatchedJob:
+    root = tmp_path_factory.mktemp("security")
+    # the job's Ray writes its logs here (short: Ray's socket paths live below it), searched for the canary later
+    ray_tmp = Path(tempfile.mkdtemp(prefix="sec-", dir="/tmp"))
+    port = free_port()
+    server = start_server(root / "mlflow", port)
+    try:
+        yield watch_pretraining(WatchedJob(root, ray_tmp, f"http://127.0.0.1:{port}"))
+    finally:
+        stop_server(server)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def watch_pretraining(job: WatchedJob) -> WatchedJob:
+    """Prepare a small corpus (in the session's Ray), then run `albert-dist pretrain` tracked through a URI with
+    the canary password, sampling its processes' listeners every second and probing its job API once it is up."""
+    root = job.root
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Document {i} says one thing. Then it says another thing about {i * 7}. "
+                                  f"Finally it ends with number {i * 13}." for i in range(400)))
+    prepare_dataset(load_config(DataJobConfig, None, [
+        f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=blocks", "data.output=prepared",
+        "data.max_seq_length=64", "data.dupe_factor=1", "data.eval_fraction=0.1", "data.tokenizer_actors=1",
+        "tokenizer.vocab_size=200"]), log=lambda _: None)
+    args = [f"run.output_dir={root}", "run.name=watched", "data.output=prepared", "model.embedding_size=16",
+            "model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
+            "model.intermediate_size=64", "train.precision=fp32", "scaling.num_workers=2",
+            "scaling.cpus_per_worker=0.5", "train.max_steps=30", "train.warmup_steps=2", "train.batch_size=8",
+            "train.log_every=10", "train.eval_every=30", "train.checkpoint_every=30", "train.eval_batches=1"]
+    args.append("tracking.tracking_uri=" + job.tracking_uri.replace("://", f"://albert:{CANARY}@"))
+    proc = subprocess.Popen([sys.executable, "-m", "albert_dist.cli", "pretrain",
+                             *[a for arg in args for a in ("--set", arg)]],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "RAY_ADDRESS": "local", "RAY_TMPDIR": str(job.ray_tmp)})
+
+    def read_output() -> None:
+        for line in proc.stdout:
+            job.output.append(line)
+            if line.startswith("local Ray: dashboard"):
+                probe_api(job, line)
+
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        job.listeners |= listeners_of(process_tree(proc.pid))
+        time.sleep(1)
+    if proc.poll() is None:
+        proc.kill()
+    job.returncode = proc.wait()
+    reader.join(timeout=30)
+    return job
+
+
+def test_a_local_ray_listens_on_loopback_only(watched_pretraining):
+    job = watched_pretraining
+    assert job.returncode == 0, job.log
+    names = " ".join(name for _, _, name in job.listeners)
+    # the sample saw the whole Ray: its servers and the training workers
+    for process in ("gcs_server", "raylet", "dashboard", "RayTrainWorker"):
+        assert process in names, (process, sorted(job.listeners))
+    exposed = sorted(listener for listener in job.listeners if not is_loopback(listener[0]))
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+
+def test_the_local_ray_job_api_needs_its_token(watched_pretraining):
+    job = watched_pretraining
+    assert job.api_status, job.log
+    assert job.api_status["none"] in (401, 403) and job.api_status["wrong"] in (401, 403), job.api_status
+    assert job.api_status["token"] == 200, job.api_status
+    assert job.token_file_mode == 0o600
+
+
+def test_socket_table_parsing_sees_a_wildcard_listener():
+    """The check above could pass by missing listeners: a socket bound to all interfaces is reported as such."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        mine = listeners_of({os.getpid()})
+    assert ("0.0.0.0", port) in {(ip, p) for ip, p, _ in mine}
+    assert not is_loopback("0.0.0.0") and is_loopback("::ffff:127.0.0.1") and is_loopback("::1")
+
+
+def test_a_password_in_the_tracking_uri_is_found_nowhere(watched_pretraining):
+    from mlflow.tracking import MlflowClient
+
+    job = watched_pretraining
+    assert job.returncode == 0, job.log
+    client = MlflowClient(job.tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("albert-dist").experiment_id])
+    # the job logged through that URI, and its param shows it redacted
+    assert run.data.params["tracking.tracking_uri"] == job.tracking_uri.replace("://", "://***@")
+    assert "loss" in run.data.metrics
+    assert CANARY not in repr(run.data.params) + repr(run.data.tags)
+    artifacts = Path(client.download_artifacts(run.info.run_id, "", str(job.root / "downloaded")))
+    assert (artifacts / "config" / "pretrain.yaml").is_file()
+    assert CANARY not in "".join(job.output), "the console shows the password"
+    # every file of the run dir, the MLflow store (database, artifacts, server log) and the job's Ray session
+    written = [p for folder in (job.root, job.ray_tmp) for p in folder.rglob("*") if p.is_file()]
+    assert len(written) > 50
+    leaks = [str(p) for p in written if CANARY.encode() in p.read_bytes()]
+    assert not leaks, leaks
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                   capture_output=True)
+
+
+def test_submit_uploads_what_git_tracks_and_the_config_only(tmp_path):
+    from ray._private.runtime_env.packaging import create_package
+
+    repo = tmp_path / "checkout"
+    (repo / "jobs" / "configs").mkdir(parents=True)
+    (repo / "jobs" / "pretrain.py").write_text("print('job')\n")
+    (repo / ".gitignore").write_text(".env\ntokenizer/\n*.txt\nmine.yaml\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "c")
+    (repo / ".env").write_text(f"MLFLOW_TRACKING_PASSWORD={CANARY}\n")
+    (repo / "tokenizer").mkdir()
+    (repo / "tokenizer" / "spiece.model").write_text(CANARY)
+    (repo / "corpus.txt").write_text(CANARY)
+    (repo / "notes.md").write_text(CANARY)  # neither tracked nor ignored
+    (repo / "jobs" / "link.py").symlink_to(repo / ".env")
+    (repo / "jobs" / "configs" / "mine.yaml").write_text("run: {name: x}\n")  # ignored, but the job's --config
+
+    with jobs_client.staged_checkout(["jobs/configs/mine.yaml"], root=repo) as stage:
+        assert jobs_client.runtime_env("/out", stage, {})["working_dir"] == str(stage)
+        package = tmp_path / "package.zip"  # what Ray uploads for that working_dir
+        create_package(str(stage), package, include_gitignore=True)
+    with zipfile.ZipFile(package) as archive:
+        sent = sorted(name for name in archive.namelist() if not name.endswith("/"))
+        assert not any(CANARY.encode() in archive.read(name) for name in sent)
+    assert sent == ["jobs/configs/mine.yaml", "jobs/pretrain.py"]
+    assert not stage.exists()
+
+
+def test_submit_outside_a_git_checkout_is_a_clear_error(tmp_path):
+    with pytest.raises(AlbertDistError, match="git tracks"):
+        jobs_client.tracked_files(tmp_path)
+
+
+def test_a_tracking_password_is_not_sent_with_a_job():
+    env = {"MLFLOW_TRACKING_URI": f"https://albert:{CANARY}@mlflow.example:5000", "MLFLOW_TRACKING_USERNAME": "a"}
+    runtime = jobs_client.runtime_env("/out", REPO, env)
+    assert runtime["env_vars"]["MLFLOW_TRACKING_URI"] == "https://mlflow.example:5000"
+    assert CANARY not in repr(runtime)
+    assert jobs_client.withheld_secrets(env) == ["the user info of MLFLOW_TRACKING_URI"]
+    with pytest.raises(AlbertDistError, match="command line") as err:  # Ray logs a job's entry point too
+        jobs_client.entrypoint("pretrain", None, [f"tracking.tracking_uri=https://a:{CANARY}@h"])
+    assert CANARY not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["../x", "/tmp/x", ".", "..", "a/b", "a\\b"])
+def test_a_run_name_cannot_leave_the_output_dir(name):
+    with pytest.raises(ConfigError, match="run.name: not a plain directory name"):
+        load_config(DataJobConfig, None, [f"run.name={name}"])
+    assert load_config(DataJobConfig, None, ["run.name=..a.b-c"]).run.run_dir.name == "..a.b-c"
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from albert_dist.run_lock import run_lock
+with run_lock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_second_driver_of_a_run_stops_naming_the_first(tmp_path):
+    run_dir = tmp_path / "busy"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for job in ("pretrain", "finetune", "distill"):  # each driver takes the lock before anything else
+            second = subprocess.run([sys.executable, "-m", "albert_dist.cli", job, "--set", "run.name=busy",
+                                     "--set", f"run.output_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                                    timeout=300)
+            assert second.returncode == 2, second.stderr[-3000:]
+            assert f"the run {run_dir} is in use by pid {holder.pid} on " in second.stderr, second.stderr[-3000:]
+            assert "Traceback" not in second.stderr
+    finally:
+        holder.kill()  # a crash: the OS releases the lock
+        holder.wait()
+    from albert_dist.run_lock import run_lock
+
+    with run_lock(run_dir):  # not stale after the crash
+        assert str(os.getpid()) in (run_dir / "driver.lock").read_text()
+    with run_lock(run_dir):  # released on exit
+        pass
