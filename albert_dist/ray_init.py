@@ -95,7 +95,7 @@ def keep_rendezvous_on_loopback() -> None:
     def create_loopback_store(hostname, port, rank, world_size, timeout, use_libuv=True):
         if rank != 0 or not _is_loopback(hostname):
             return create_store(hostname, port, rank, world_size, timeout, use_libuv)
-        listener = socket.create_server((hostname, port))
+        listener = socket.create_server((hostname, port), family=socket.AF_INET6 if ":" in hostname else socket.AF_INET)
         return TCPStore(host_name=hostname, port=port, world_size=world_size, is_master=True, timeout=timeout,
                         multi_tenant=True, master_listen_fd=listener.detach(), use_libuv=use_libuv)
 
