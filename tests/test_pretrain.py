@@ -136,14 +136,14 @@ def test_held_out_masks_are_the_same_every_time_and_with_any_number_of_workers(p
     assert eval_rows([in_process_task(prepared)[0]]) == one  # the next evaluation, or a resumed run
     assert eval_rows([in_process_task(prepared, 2, rank)[0] for rank in range(2)]) == one
     other_seed = eval_rows([in_process_task(prepared, 1, 0, "run.seed=1")[0]])
-    assert [ids for ids, _ in other_seed] == [ids for ids, _ in one] and other_seed != one
+    assert len(other_seed) == len(one) and other_seed != one  # another run seed, other masks
 
 
 def trainer_output(root: Path, *extra: str, task_type=None) -> tuple[dict, list[str]]:
     from albert_dist.train.loop import Trainer, WorkerEnv
 
-    task, cfg = in_process_task(root, 1, 0, "train.max_steps=4", "train.eval_every=1", "train.learning_rate=1e-6",
-                                *extra)
+    task, cfg = in_process_task(root, 1, 0, "train.max_steps=4", "train.warmup_steps=1", "train.eval_every=1",
+                                "train.learning_rate=1e-6", *extra)
     if task_type is not None:
         task.__class__ = task_type
     lines: list[str] = []
