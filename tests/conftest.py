@@ -33,7 +33,10 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray_init.start_local_ray(num_cpus=2, include_dashboard=False, object_store_memory=1_500_000_000,
+        # with its dashboard, as the commands' Ray: Ray Train's placement-group cleaner asks the state API it serves
+        # whether a training controller is alive; without it, the worker placement group of a trial that Tune's
+        # scheduler stopped stays reserved and starves the next trials (an ASHA sweep hung on it)
+        ray_init.start_local_ray(num_cpus=2, include_dashboard=True, object_store_memory=1_500_000_000,
                                  log_to_driver=False, configure_logging=False)
     from ray.data import DataContext
 
