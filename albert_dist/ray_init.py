@@ -15,6 +15,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import urllib.parse
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -41,7 +42,10 @@ def ensure_ray() -> None:
     os.environ.update(WORKER_ENV)  # a local Ray's workers inherit it; jobs and cluster scripts set it themselves
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
-        ray.init(address=address, configure_logging=False)
+        # a local Ray of another process (127.0.0.1:PORT) is joined in its single-machine mode: otherwise Ray
+        # swaps the loopback address for the machine's own one, where that Ray does not listen
+        with _loopback_only() if _is_loopback(_host_of(address)) else contextlib.nullcontext():
+            ray.init(address=address, configure_logging=False)
     else:
         # a local Ray gets its dashboard: Ray Train's placement-group cleaner asks the state API it serves whether
         # the training controller is alive, and logs a warning every second while it cannot
@@ -68,7 +72,7 @@ def start_local_ray(**init_kwargs: Any):
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
     runtime_env = {**init_kwargs.pop("runtime_env", {}),
-                   "worker_process_setup_hook": "albert_dist.ray_init.keep_rendezvous_on_loopback"}
+                   "worker_process_setup_hook": "albert_dist.ray_init.prepare_local_worker"}
     for attempt in range(STARTS):
         try:
             with _loopback_only():
@@ -80,8 +84,24 @@ def start_local_ray(**init_kwargs: Any):
             print("local Ray: its node did not come up in time (a busy machine?); starting it again", flush=True)
 
 
-def keep_rendezvous_on_loopback() -> None:
-    """Worker setup hook of a local Ray: torch's TCPStore, the rendezvous rank 0 of Ray Train serves, listens on
+def prepare_local_worker() -> None:
+    """Worker setup hook of a local Ray."""
+    _state_api_on_own_cluster()
+    _keep_rendezvous_on_loopback()
+
+
+def _state_api_on_own_cluster() -> None:
+    """Point the worker's $RAY_ADDRESS at its own cluster. Ray Train's placement-group cleaner asks the state API,
+    without an address, whether the training controller lives; with "local" (or nothing) that API looks for *the*
+    Ray on the machine and fails where a second local Ray runs (two jobs, two test processes), so a stopped trial's
+    worker group stayed reserved and an ASHA sweep hung."""
+    import ray
+
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+
+
+def _keep_rendezvous_on_loopback() -> None:
+    """torch's TCPStore, the rendezvous rank 0 of Ray Train serves, listens on
     every interface whatever the address it is given; where that address is a loopback one, hand it a socket bound
     to that address instead."""
     import importlib
@@ -100,6 +120,11 @@ def keep_rendezvous_on_loopback() -> None:
                         multi_tenant=True, master_listen_fd=listener.detach(), use_libuv=use_libuv)
 
     rendezvous._create_c10d_store = create_loopback_store
+
+
+def _host_of(address: str) -> str:
+    """The host of a Ray address: "HOST:PORT", "[IPv6]:PORT", "ray://HOST:PORT" or a bare host."""
+    return urllib.parse.urlsplit("//" + address.split("://", 1)[-1]).hostname or ""
 
 
 def _is_loopback(host: str) -> bool:

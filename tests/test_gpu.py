@@ -1,6 +1,6 @@
 """What only a CUDA device can check: Ray Train with nccl, fp16 + GradScaler with LAMB, bf16 autocast, a checkpoint
-moved from GPU to CPU, attention kernels on CUDA. Marked `gpu`; every test skips where torch sees no CUDA device.
-`benchmarks/gpu_check.sh` runs them with the throughput table."""
+moved from GPU to CPU, attention kernels on CUDA. Marked `gpu`: the default suite deselects them (pyproject addopts);
+`benchmarks/gpu_check.sh` selects them (`-m gpu`) and runs them with the throughput table."""
 
 import pytest
 import torch

@@ -55,11 +55,29 @@ class WatchedJob:
     listeners: set[tuple[str, int, str]] = field(default_factory=set)
     api_status: dict[str, int] = field(default_factory=dict)
     token_file_mode: int | None = None
+    state_api_from_session_worker: str = ""  # asked while the job's Ray ran beside the session's
     returncode: int | None = None
 
     @property
     def log(self) -> str:
         return "".join(self.output)[-6000:]
+
+
+def ask_state_api_from_a_worker() -> str:
+    """What a worker of the session's Ray gets from Ray's state API asked without an address, as Ray Train's
+    placement-group cleaner asks it: its own node's id, or the error."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def own_node() -> str:
+        from ray.util.state import list_nodes
+
+        try:
+            return list_nodes()[0].node_id
+        except Exception as err:  # noqa: BLE001 - the error is the answer
+            return f"{type(err).__name__}: {err}"
+
+    return ray.get(own_node.remote(), timeout=120)
 
 
 def probe_api(job: WatchedJob, line: str) -> None:
@@ -113,6 +131,7 @@ def watch_pretraining(job: WatchedJob) -> WatchedJob:
             job.output.append(line)
             if line.startswith("local Ray: dashboard"):
                 probe_api(job, line)
+                job.state_api_from_session_worker = ask_state_api_from_a_worker()
 
     reader = threading.Thread(target=read_output, daemon=True)
     reader.start()
@@ -144,6 +163,13 @@ def test_the_local_ray_job_api_needs_its_token(watched_pretraining):
     assert job.api_status["none"] in (401, 403) and job.api_status["wrong"] in (401, 403), job.api_status
     assert job.api_status["token"] == 200, job.api_status
     assert job.token_file_mode == 0o600
+
+
+def test_a_worker_finds_its_own_ray_beside_another(watched_pretraining, ray_session):
+    """Two local Rays on one machine (two jobs, two test processes): the state API asked without an address from a
+    worker answers for the worker's own cluster instead of failing on "multiple active Ray instances"."""
+    assert watched_pretraining.api_status, watched_pretraining.log  # the job's Ray was up when it was asked
+    assert watched_pretraining.state_api_from_session_worker == ray_session.get_runtime_context().get_node_id()
 
 
 def test_socket_table_parsing_sees_a_wildcard_listener():

@@ -53,7 +53,8 @@ def rows(results, params: list[str], metric: str, mode: str, sweep_dir: Path) ->
         trial_id = result.metrics["trial_id"]
         best = best_evaluation(result.metrics_dataframe, metric, mode)
         errored = result.error is not None
-        out.append({"trial_id": trial_id, **{p: result.config.get(p) for p in params},
+        config = result.config or {}  # None for a trial that failed before its first report
+        out.append({"trial_id": trial_id, **{p: config.get(p) for p in params},
                     metric: best.get(metric), **{name: best.get(name) for name in others},
                     "evaluations": best.get("evaluations", 0), "status": "ERROR" if errored else "TERMINATED",
                     "stop_reason": stop_reason(trials_dir(sweep_dir) / trial_id, errored)})
