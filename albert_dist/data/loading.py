@@ -5,12 +5,13 @@ Per-rank batching for training lives in `albert_dist.train.feed` (exact resume n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow.fs as pafs
 
@@ -23,6 +24,24 @@ from albert_dist.errors import DataError, TokenizerError
 
 #: the largest share of the cluster's object store that `data.cache: auto` fills with a prepared dataset
 CACHE_SHARE = 0.2
+
+
+@contextlib.contextmanager
+def parquet_reader_v1() -> Iterator[None]:
+    """Ray Data's first Parquet reader for the `read_parquet` calls inside.
+
+    Ray 2.60's default (v2) lists files on a pool of 32 footer-reading actors, started anew each time the read
+    runs: every epoch and evaluation of a streamed split. For the few shards a prepared dataset has, that is seconds
+    to minutes of worker start-up on a small machine (see benchmarks/bench_feed.py); v1 reads the footers inline.
+    """
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    saved, context.use_datasource_v2 = context.use_datasource_v2, False
+    try:
+        yield
+    finally:
+        context.use_datasource_v2 = saved
 
 
 @dataclass
@@ -48,7 +67,8 @@ class PreparedData:
         """`split` as a Ray Dataset whose rows come in instance-id order, however many tasks read it."""
         import ray.data
 
-        dataset = ray.data.read_parquet(self.shard_paths(split), filesystem=self._fs)
+        with parquet_reader_v1():
+            dataset = ray.data.read_parquet(self.shard_paths(split), filesystem=self._fs)
         dataset.context.execution_options.preserve_order = True
         return dataset
 
