@@ -15,17 +15,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.update(ray_init.WORKER_ENV)  # the workers of the tests' Ray print as the commands' workers do
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked `heavy` (their own Ray clusters and network hosts: ~15 more minutes and sensitive to other Ray
-    instances on the machine) run only with ALBERT_DIST_HEAVY_TESTS=1."""
-    if os.environ.get("ALBERT_DIST_HEAVY_TESTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="heavy: set ALBERT_DIST_HEAVY_TESTS=1 to run it")
-    for item in items:
-        if "heavy" in item.keywords:
-            item.add_marker(skip)
-
-
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray with the machine's 2 CPUs, started once for the whole test session as the commands start
