@@ -74,8 +74,9 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     trainer = ray.train.torch.TorchTrainer(
         _train_worker,
         train_loop_config={"task_factory": task_factory, "task_config": task_config, "train": train.model_dump(),
-                           "seed": seed, "tracking": tracking, "torch_threads": torch_threads(scaling), "storage_dir": str(storage_path / name),
-                           "best_model_dir": str(best_model_dir) if best_model_dir else None},
+                           "seed": seed, "tracking": tracking, "storage_dir": str(storage_path / name),
+                           "best_model_dir": str(best_model_dir) if best_model_dir else None,
+                           "torch_threads": torch_threads(scaling)},
         scaling_config=scaling_config(scaling),
         run_config=RunConfig(name=name, storage_path=str(storage_path),
                              checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
