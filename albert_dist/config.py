@@ -172,10 +172,6 @@ class TrainSection(Section):
     eval_every: int = Field(200, gt=0)
     eval_batches: int = Field(20, gt=0, description="Evaluation reads this many batches of batch_size held-out "
                                                     "sequences (in all, not per worker).")
-    plateau_warning_after: float | None = Field(
-        0.25, ge=0, le=1, description="Share of max_steps after which an evaluation whose accuracy is still "
-                                      "within a point of its baseline (pretraining: held-out MLM accuracy vs. the "
-                                      "unigram baseline) prints a warning, once; null disables it.")
     checkpoint_every: int = Field(200, gt=0)
     keep_checkpoints: int = Field(3, ge=1)
     max_failures: int = Field(2, ge=-1, description="Worker restarts from the latest checkpoint; -1 = unlimited.")
@@ -196,7 +192,12 @@ class TrainSection(Section):
 
 
 class PretrainTrainSection(TrainSection):
-    """TrainSection plus pretraining's learning-rate range test."""
+    """TrainSection plus pretraining's plateau warning and learning-rate range test."""
+
+    plateau_warning_after: float | None = Field(
+        0.25, ge=0, le=1, description="Share of max_steps after which an evaluation whose held-out MLM accuracy is "
+                                      "still within a point of the unigram baseline prints a warning, once; null "
+                                      "disables it.")
 
     lr_range_test: bool = Field(False, description="Instead of training, run a learning-rate range test "
                                                    "(lr_range_steps steps, the rate growing exponentially from "
@@ -207,7 +208,7 @@ class PretrainTrainSection(TrainSection):
     lr_range_max: float = Field(1.0, gt=0)
 
     def loop_settings(self) -> TrainSection:
-        """The fields the training loop reads (the range test is the driver's)."""
+        """The fields the training loop reads (the range test is the driver's, the plateau warning the task's)."""
         return TrainSection.model_validate(self.model_dump(include=set(TrainSection.model_fields)))
 
     @model_validator(mode="after")

@@ -51,6 +51,7 @@ class PretrainingTask(TrainingTask):
         from albert_dist.data.masking import MaskingCollator
 
         self.config = config
+        self.plateau_warning_after = config.get("plateau_warning_after")
         self.dataset = dataset or ray.train.get_dataset_shard
         self.collator = MaskingCollator.from_manifest(config["manifest"],
                                                       MaskingSection.model_validate(config["masking"]))
@@ -222,6 +223,7 @@ def task_settings(cfg: PretrainJobConfig, prepared, data_dir: Path, model_config
         "masking": cfg.masking.model_dump(), "batch_size": cfg.train.batch_size, "seed": cfg.run.seed,
         "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
         "manifest": manifest, "has_eval": prepared.rows("eval") > 0,
+        "plateau_warning_after": cfg.train.plateau_warning_after,
     }
 
 

@@ -27,6 +27,16 @@ def test_unknown_key_is_named(tmp_path):
         load_config(PretrainJobConfig, None, ["bogus.x=1"])
 
 
+def test_pretraining_only_keys_are_unknown_to_fine_tuning():
+    """Fine-tuning has no unigram baseline nor range test: it refuses their keys instead of ignoring them."""
+    from albert_dist.finetune.config import FinetuneJobConfig
+
+    assert load_config(PretrainJobConfig, None, ["train.plateau_warning_after=0.5"]).train.plateau_warning_after == 0.5
+    for key in ("train.plateau_warning_after=0.5", "train.lr_range_test=true"):
+        with pytest.raises(ConfigError, match=rf"{key.split('=')[0]}: unknown key"):
+            load_config(FinetuneJobConfig, None, [key])
+
+
 def test_impossible_values_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.learning_rate: .*greater than 0.*-1"):
         load_config(PretrainJobConfig, None, ["train.learning_rate=-1"])

@@ -36,6 +36,8 @@ class TrainingTask(ABC):
     #: the evaluation metric that picks the best model, and whether higher is better
     best_metric: str = "eval_loss"
     best_mode: str = "min"
+    #: share of max_steps after which an evaluation still on the `plateau` baseline prints a warning; None: never
+    plateau_warning_after: float | None = None
 
     @abstractmethod
     def build_model(self) -> torch.nn.Module:
@@ -81,7 +83,7 @@ class TrainingTask(ABC):
 
     def plateau(self, eval_metrics: dict[str, float]) -> tuple[str, float, float] | None:
         """(what, value, baseline) of a metric that a model which learned nothing holds at `baseline`, for the
-        plateau warning (`train.plateau_warning_after`); None when the task has no such baseline."""
+        plateau warning after `plateau_warning_after` of max_steps; None when the task has no such baseline."""
         return None
 
     def should_stop(self, eval_metrics: dict[str, float]) -> bool:
@@ -291,7 +293,7 @@ class Trainer:
         line = self.task.evaluation_line(metrics)
         if line:
             self.env.print_fn(f"step {step}/{total} | {line}")
-        after, plateau = self.settings.plateau_warning_after, self.task.plateau(metrics)
+        after, plateau = self.task.plateau_warning_after, self.task.plateau(metrics)
         if self.plateau_warned or after is None or plateau is None or step < after * total:
             return
         what, value, baseline = plateau
