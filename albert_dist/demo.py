@@ -42,8 +42,8 @@ class DemoJobConfig(Section):
         hidden_size=128, num_attention_heads=4, intermediate_size=512))
     scaling: ScalingSection = Field(default_factory=lambda: ScalingSection(num_workers=2, cpus_per_worker=0.5))
     train: PretrainTrainSection = Field(default_factory=lambda: PretrainTrainSection(
-        optimizer="adamw", learning_rate=1e-3, max_steps=400, warmup_steps=40, batch_size=16, log_every=50,
-        eval_every=100, checkpoint_every=200, eval_batches=8, plateau_warning_after=0.5))
+        optimizer="adamw", learning_rate=1e-3, max_steps=600, warmup_steps=60, batch_size=16, log_every=100,
+        eval_every=200, checkpoint_every=300, eval_batches=8, plateau_warning_after=0.5))
     finetune_steps: int = Field(150, gt=0, description="Steps of each fine-tuning (from the pretrained model and "
                                                        "from a random init), distillation and sweep trial.")
     student_layers: int = Field(1, gt=0, description="Layers of the distilled student (the teacher has the "

@@ -134,7 +134,8 @@ def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally, us
         DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
                                                   "collator": collator, "tally": tally},
         compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
-        num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)), max_restarts=0)
+        num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)),
+        ray_remote_args_fn=lambda: {"max_restarts": 0})  # Ray Data has no named parameter for it
 
 
 def _read_user_dict(path: str | None) -> str | None:
