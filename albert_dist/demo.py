@@ -113,7 +113,7 @@ def run_demo(cfg: DemoJobConfig) -> int:
         **shared, "run": {"name": "demo-finetune", "output_dir": str(root)},
         "model": {"init_from": str(pre.model_dir)}, "finetune": {"epochs": None}, "train": ft_train})
     ft = finetune(ft_cfg)
-    print("[4/6] the same fine-tuning from a random init of the same shape (what pretraining bought)")
+    print("[4/6] the same fine-tuning from a random init of the same shape (what pretraining buys is the difference)")
     scratch = finetune(ft_cfg.model_copy(update={
         "run": ft_cfg.run.model_copy(update={"name": "demo-finetune-random-init"}),
         "model": ft_cfg.model.model_copy(update={"init_from": str(_random_init(pre.model_dir, root, cfg.run.seed))})}))
@@ -185,7 +185,7 @@ def _summary(pre, ft, scratch, ds, sweep_table: str | None, ui: str) -> None:
           f"{p.get('eval_mlm_unigram_baseline', nan):.3f}), eval SOP accuracy {p.get('eval_sop_accuracy', nan):.3f} "
           f"(chance 0.5)  → {pre.model_dir}")
     pretrained, random_init = ft.metrics["dev_accuracy"], scratch.metrics["dev_accuracy"]
-    print(f"what pretraining bought: fine-tuned dev accuracy {pretrained:.3f} from the pretrained model, "
+    print(f"pretrained vs random init: fine-tuned dev accuracy {pretrained:.3f} from the pretrained model, "
           f"{random_init:.3f} from a random init (same steps): {100 * (pretrained - random_init):+.1f} points")
     print(f"{'':14}{'teacher (fine-tuned)':>24}{'student (distilled)':>24}")
     print(f"{'dev accuracy':14}{m['teacher_dev_accuracy']:>24.3f}{m['student_dev_accuracy']:>24.3f}")
