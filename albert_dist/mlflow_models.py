@@ -89,10 +89,7 @@ def log_model(tracking_uri: str, run_id: str, model_dir: str | Path, python_mode
     from mlflow.types import ColSpec, Schema
 
     columns = [TEXT, TEXT_PAIR] if getattr(python_model, "pair", False) else [TEXT]
-    mlflow.set_tracking_uri(tracking_uri)
-    # the model is created in the current experiment, not in its run's
-    mlflow.set_experiment(experiment_id=mlflow.MlflowClient(tracking_uri).get_run(run_id).info.experiment_id)
-    with _quiet_mlflow():
+    with _fluent_api_on(tracking_uri, run_id), _quiet_mlflow():
         # Model.log rather than pyfunc.log_model: it takes the run id, so no fluent run is opened (and ended) here
         info = Model.log(artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id, step=step,
                          registered_model_name=register_as or None, python_model=python_model,
@@ -100,6 +97,31 @@ def log_model(tracking_uri: str, run_id: str, model_dir: str | Path, python_mode
                          signature=ModelSignature(inputs=Schema([ColSpec("string", c) for c in columns])),
                          pip_requirements=_requirements())
     return info.model_id
+
+
+@contextlib.contextmanager
+def _fluent_api_on(tracking_uri: str, run_id: str):
+    """MLflow's fluent API (which Model.log uses: the model is created in the current experiment, not in its run's)
+    on the run's store and experiment for the block, then restored. `set_tracking_uri` and `set_experiment` also
+    export $MLFLOW_TRACKING_URI and $MLFLOW_EXPERIMENT_ID: left set, they became the default store of every later
+    job of the process and of its subprocesses (a test's MLflow server became the demo's)."""
+    from mlflow.tracking import fluent
+    from mlflow.tracking._tracking_service import utils
+
+    saved_env = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
+    saved_uri, saved_experiment = utils._tracking_uri, fluent._active_experiment_id
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        mlflow.set_experiment(experiment_id=mlflow.MlflowClient(tracking_uri).get_run(run_id).info.experiment_id)
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved_uri)
+        fluent._active_experiment_id = saved_experiment
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager

@@ -143,7 +143,9 @@ def test_lcqmc_finetune_from_voidful_layout_exports_for_transformers(lcqmc, work
     rows = run_predict(lcqmc.model_dir, workspace / "dev.tsv", tmp_path / "pred.jsonl", text_column="text_a",
                        text_pair_column="text_b")
     predictions = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert rows == 32 and {p["label"] for p in predictions} <= {"0", "1"} and predictions[0]["text_a"] in ZH_SENTENCES
+    # the file's own columns are kept (its gold `label` as read), the prediction is `predicted_label`
+    assert rows == 32 and {p["predicted_label"] for p in predictions} <= {"0", "1"}
+    assert predictions[0]["text_a"] in ZH_SENTENCES and {p["label"] for p in predictions} <= {0, 1}
 
 
 def test_student_of_another_width_starts_from_its_own_pretrained_dir(lcqmc, workspace):

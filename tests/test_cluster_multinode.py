@@ -100,7 +100,9 @@ def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
            "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", "ALBERT_DIST_HOME": str(root / "out"),
            "MLFLOW_TRACKING_URI": f"http://{HEAD_IP}:{MLFLOW_PORT}", "PYTHONPATH": str(REPO),
            # this machine's hostname resolves to 127.0.0.1: name the interface Gloo should use between hosts
-           "GLOO_SOCKET_IFNAME": NIC}
+           "GLOO_SOCKET_IFNAME": NIC,
+           # Ray Train's worker-group listing (ranks and IPs, read below) is one of Ray's log lines
+           "ALBERT_DIST_VERBOSE": "1"}
     env.pop("RAY_ADDRESS", None)
     try:
         subprocess.Popen(

@@ -45,7 +45,8 @@ def test_the_task_hides_its_cue_words(stdlib_corpus, tmp_path):
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as a user gets
+    # its own local Ray and its own SQLite store, as a user on a fresh machine gets
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("MLFLOW_")}
     sets = ["run.output_dir=" + str(tmp_path / "demo"), "sweep_trials=2"]  # the demo's budget, two trials
     out = subprocess.run([str(Path(sys.executable).parent / "albert-dist"), "demo",
                           *[a for s in sets for a in ("--set", s)]], env=env, cwd=tmp_path, capture_output=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import subprocess
 from pathlib import Path
@@ -44,6 +45,8 @@ def jobs(tmp_path_factory, server, ray_session):
     from albert_dist.pretrain import pretrain
 
     root = tmp_path_factory.mktemp("ui")
+    defaults = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")  # what a later job would take as its store
+    before = {name: os.environ.get(name) for name in defaults}
     rng = random.Random(0)
     corpus = root / "corpus.txt"
     corpus.write_text("\n\n".join(". ".join(" ".join(rng.choices(FILLER + list(KEYWORDS), k=8)) for _ in range(3))
@@ -69,6 +72,9 @@ def jobs(tmp_path_factory, server, ray_session):
         **task, "run": {**task["run"], "name": "distill"}, "student": {"num_hidden_layers": 1},
         "distill": {"teacher": str(tuned.model_dir), "speed_repeats": 2},
         "tracking": {"tracking_uri": server, "experiment": EXPERIMENT, "register_model": "ui-student"}}))
+    # logging models through MLflow's fluent API left the server in $MLFLOW_TRACKING_URI for every later job of
+    # the process and its subprocesses (the demo test, run next, tracked to this server after it had stopped)
+    assert {name: os.environ.get(name) for name in defaults} == before
     return {"root": root, "pretrain": pretrained, "finetune": tuned, "distill": distilled}
 
 
