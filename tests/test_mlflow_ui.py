@@ -135,10 +135,12 @@ def test_final_models_are_logged_linked_and_registered(jobs, server, job, regist
     assert [v.source for v in versions] == [f"models:/{model.model_id}"]
 
 
-def test_pyfunc_predicts_the_same_labels_as_our_predictor(jobs):
+def test_pyfunc_predicts_the_same_labels_as_our_predictor(jobs, server, monkeypatch):
     import mlflow.pyfunc
 
     from albert_dist.finetune.predict import Predictor
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)  # where a user's `models:/` URIs resolve
 
     texts = [row["text"] for row in single_rows(24, seed=7)]
     model = mlflow.pyfunc.load_model("models:/ui-classifier/1")
