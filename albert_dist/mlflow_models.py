@@ -20,7 +20,11 @@ import numpy as np
 import pandas as pd
 
 MODEL_ARTIFACT = "model_dir"
-MODEL_NAME = "model"  # the LoggedModel's name within its run
+# The LoggedModel's name within its run. Not "model", the run's folder of plain model files: MLflow lists a run's
+# `model` artifacts together with a LoggedModel of that name, which it looks up in the *default* tracking store, so
+# `MlflowClient(uri).list_artifacts(run, "model")` failed ("Logged model ... not found") unless $MLFLOW_TRACKING_URI
+# happened to name the run's store.
+MODEL_NAME = "albert_model"
 TEXT, TEXT_PAIR = "text", "text_pair"
 BATCH_SIZE = 64
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
