@@ -79,7 +79,9 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     names = {r.info.run_name for r in runs}
     assert {"demo", "demo-finetune", "demo-finetune-random-init", "demo-distill"} <= names
-    assert all(r.info.status == "FINISHED" for r in runs)
+    # every run finished, but a sweep trial that ASHA stopped early, which is KILLED as Tune stopped it
+    assert all(r.info.status == "FINISHED" or (r.info.status, r.data.tags.get("albert_dist.stop_reason"))
+               == ("KILLED", "early-stopped") for r in runs), [(r.info.run_name, r.info.status) for r in runs]
     # each progress line once (Ray Train's print redirection would send every one twice)
     progress = [line for line in log.splitlines() if re.search(r"\) step \d+/\d+ \|", line)]
     assert progress and len(progress) == len(set(progress)), progress
