@@ -53,7 +53,7 @@ def scaling_config(scaling: ScalingSection) -> ScalingConfig:
 def torch_threads(scaling: ScalingSection) -> int:
     """Intra-op threads of a training worker: the CPUs Ray reserved for it, at least one. torch would take every
     core of the machine in each worker (Ray's OMP_NUM_THREADS=1 comes after torch's import in the worker): two
-    workers of half a CPU on 2 cores then ran 2.7x slower than with one thread each (ALBERT tiny, batch 16 x 64)."""
+    workers of half a CPU on 2 cores then ran 3.2x slower than with one thread each (benchmarks/bench_threads.py)."""
     return max(1, int(scaling.cpus_per_worker))
 
 
