@@ -27,7 +27,8 @@ def ray_session():
         # scheduler stopped stays reserved and starves the next trials (an ASHA sweep hung on it)
         # workers import the tests' own task factories ("test_module:function") as the driver does
         # (after a PYTHONPATH the session was given, so a checkout run through it tests its own sources)
-        tests = os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH")]))
+        here = os.path.dirname(os.path.abspath(__file__))
+        tests = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
         ray_init.start_local_ray(num_cpus=2, include_dashboard=True, object_store_memory=1_500_000_000,
                                  log_to_driver=False, configure_logging=False,
                                  runtime_env={"env_vars": {"PYTHONPATH": tests}})
