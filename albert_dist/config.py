@@ -24,6 +24,11 @@ class RunSection(Section):
     name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
     output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store.")
     seed: int = 0
+    resume_changes: Literal["refuse", "allow"] = Field(
+        "refuse", description="When checkpoints of run.name were trained with other settings or data: refuse (stop, "
+                              "naming the changes) or allow (resume them under the new settings and record the "
+                              "changes in MLflow). Output, logging, checkpoint and placement settings may always "
+                              "change.")
 
     @field_validator("name")
     @classmethod

@@ -19,26 +19,12 @@ from albert_dist import mlflow_models, run_lock, tracking
 from albert_dist.config import PretrainJobConfig, dump_yaml, flatten, resolve_path
 from albert_dist.errors import ConfigError
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
+from albert_dist.train import checkpointing
 from albert_dist.train.feed import rank_batches
 from albert_dist.train.loop import TrainingTask, replace_dir_atomically
 
 SHUFFLE_BUFFER = 2048
 EVAL_MASK_STREAM = 7919  # seeds the held-out masks apart from any training batch's
-
-
-def effective_parameters(model: torch.nn.Module) -> int:
-    """Parameters counted once per use: a shared layer group counts once for every layer that applies it."""
-    config = model.config
-    groups = model.backbone.encoder.albert_layer_groups
-    group_params = sum(p.numel() for p in groups.parameters())
-    uses_per_group = config.num_hidden_layers / config.num_hidden_groups
-    return sum(p.numel() for p in model.parameters()) - group_params + int(group_params * uses_per_group)
-
-
-def training_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
-    """≈ 6·N_eff + 12·L·H·T (forward + backward matmuls plus attention scores), as in the design notes."""
-    c = model.config
-    return 6 * effective_parameters(model) + 12 * c.num_hidden_layers * c.hidden_size * seq_len
 
 
 class PretrainingTask(TrainingTask):
@@ -59,17 +45,13 @@ class PretrainingTask(TrainingTask):
         if dataset is None:
             context = ray.train.get_context()
             self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
-        self._model: torch.nn.Module | None = None
         self._tokenizer = None
 
     def build_model(self) -> torch.nn.Module:
         if self.config.get("init_from"):
-            model = AlbertForPreTraining.from_pretrained(self.config["init_from"],
-                                                         allow_pickle=self.config.get("allow_pickle", False))
-        else:
-            model = AlbertForPreTraining(AlbertConfig.from_dict(self.config["model_config"]))
-        self._model = model
-        return model
+            return AlbertForPreTraining.from_pretrained(self.config["init_from"],
+                                                        allow_pickle=self.config.get("allow_pickle", False))
+        return AlbertForPreTraining(AlbertConfig.from_dict(self.config["model_config"]))
 
     def loss(self, model, batch):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -141,8 +123,8 @@ class PretrainingTask(TrainingTask):
             self._tokenizer = load_tokenizer(Path(self.config["prepared_dir"]) / "tokenizer")
         self._tokenizer.save(directory)
 
-    def flops_per_token(self) -> float:
-        return training_flops_per_token(self._model, self.config["max_seq_length"]) if self._model else 0.0
+    def flops_per_token(self, model) -> float:
+        return model.flops_per_token(self.config["max_seq_length"])
 
 
 def build_pretraining_task(config: dict[str, Any]) -> PretrainingTask:
@@ -172,6 +154,7 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     training_data_context()
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
+    prepared.verify_shards()
     manifest = prepared.manifest
     model_config = _model_config(cfg, manifest)
     run_dir = cfg.run.run_dir
@@ -198,7 +181,9 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
         result = run_training(name=cfg.run.name, storage_path=run_dir / "ray", task_factory=
                               "albert_dist.pretrain:build_pretraining_task", task_config=task_config,
                               train=cfg.train.loop_settings(), scaling=cfg.scaling, seed=cfg.run.seed,
-                              datasets=datasets, tracking=(uri, run_id), best_model_dir=best_dir)
+                              datasets=datasets, tracking=(uri, run_id), best_model_dir=best_dir,
+                              fingerprint=checkpointing.fingerprint(flatten(cfg), prepared.digest()),
+                              resume_changes=cfg.run.resume_changes)
     except BaseException:
         tracking.finish_run(uri, run_id, "FAILED")
         raise

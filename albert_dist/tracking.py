@@ -172,6 +172,12 @@ def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
         client.log_batch(run_id, params=fresh[i:i + 100])
 
 
+def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
+    from mlflow.entities import RunTag
+
+    _client(tracking_uri).log_batch(run_id, tags=[RunTag(k, redact_url(v)) for k, v in tags.items()])
+
+
 def finish_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
     _client(tracking_uri).set_terminated(run_id, status=status)
 

@@ -100,7 +100,6 @@ def main() -> None:
 
     import ray
 
-    from albert_dist.pretrain import training_flops_per_token
     from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
     ray.init(include_dashboard=False, configure_logging=False, log_to_driver=False)
@@ -117,7 +116,7 @@ def main() -> None:
             distributed.append(ray_train(config, train, args, Path(tmp) / "ray", r))
             print(f"round {r}: plain {plain[-1]:.0f} tok/s, Ray Train {distributed[-1]:.0f} tok/s", flush=True)
     model = AlbertForPreTraining(AlbertConfig.from_dict(config["model_config"]))
-    flops = training_flops_per_token(model, args.seq)
+    flops = model.flops_per_token(args.seq)
     peak = matmul_peak_tflops(args.precision)
     p, d = statistics.median(plain), statistics.median(distributed)
     print(f"\n{args.preset} ({model.num_parameters() / 1e6:.1f}M params), {args.precision}, "

@@ -42,6 +42,7 @@ def test_english_manifest_and_summary(english, english_tokenizer):
     assert 0 < summary["eval_documents"] < 0.1 * summary["documents"]
     assert sum(s["rows"] for s in m["splits"]["train"]["shards"]) == summary["train_instances"]
     assert all(s["rows"] == 400 for s in m["splits"]["train"]["shards"][:-1])
+    assert data.verify_shards() == len(m["splits"]["train"]["shards"]) + len(m["splits"]["eval"]["shards"])
     assert m["tokenizer"]["vocab_size"] == english_tokenizer.vocab_size and m["config"]["data"]["max_seq_length"] == 64
     assert (data.tokenizer.special_ids, data.tokenizer.vocab_size) == (english_tokenizer.special_ids, 2000)
     rows = data.train.take_batch(2000, batch_format="numpy")

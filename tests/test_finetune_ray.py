@@ -87,6 +87,7 @@ def test_mlflow_run_holds_metrics_model_and_lineage(classifier, workspace):
     assert run.data.tags["albert_dist.source_model"] == str(workspace / "pretrain_run" / "model")
     assert run.data.tags["albert_dist.source_run_id"] == "pretrain-run-0123"
     assert {"eval_accuracy", "eval_f1", "eval_mcc", "loss", "dev_accuracy"} <= set(run.data.metrics)
+    assert run.data.metrics["model_tflops"] > 0  # FLOPs from the model, as pretraining reports them
     assert len(client.get_metric_history(classifier.run_id, "eval_accuracy")) >= 4  # every 32 steps + epoch ends
     artifacts = {a.path for a in client.list_artifacts(classifier.run_id, "model")}
     assert {"model/config.json", "model/model.safetensors", "model/spiece.model"} <= artifacts
@@ -166,6 +167,7 @@ def test_distilled_student_keeps_teacher_accuracy(classifier, workspace, ray_ses
 
     run = MlflowClient(tracking_uri=outcome.tracking_uri).get_run(outcome.run_id)
     assert {"speedup", "teacher_dev_accuracy", "student_dev_accuracy"} <= set(run.data.metrics)
+    assert run.data.metrics["model_tflops"] > 0
     assert run.data.tags["albert_dist.source_model"] == str(classifier.model_dir)
 
 
@@ -190,6 +192,8 @@ def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     task = DistillationTask({"task": "classification", "num_labels": 2, "metric": "accuracy", "patience": None,
                              "max_seq_length": 32,
                              "tokenizer_dir": str(classifier.model_dir)}, dataset=lambda split: None)
+    # a distillation step trains the student and runs the teacher forward: FLOPs of both, the teacher's a third
+    assert task.flops_per_token(model) == student.flops_per_token(32) + teacher.flops_per_token(32) / 3
     task.save_model(model, tmp_path)
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         assert not [k for k in f.keys() if "projection" in k or k.startswith("teacher")]

@@ -180,3 +180,21 @@ def test_resume_takes_the_newest_checkpoint_that_verifies(tmp_path):
     (recorded / "weights.bin").write_bytes(b"corrupted")
     assert resume_directory(None, tmp_path, said.append) == older  # no record: the newest that verifies
     assert "checkpoint_b" in said[-1] and "does not match its checksum" in said[-1]
+
+
+def test_fingerprint_keeps_what_decides_the_training_and_names_its_changes():
+    settings = {"train.learning_rate": 1e-3, "train.max_steps": 100, "model.hidden_size": 64, "run.seed": 0,
+                "train.log_every": 10, "train.checkpoint_every": 50, "tracking.experiment": "x",
+                "scaling.cpus_per_worker": 0.5, "scaling.num_workers": 2, "data.cache": "auto", "run.name": "a"}
+    recorded = checkpointing.fingerprint(settings, "d" * 64)
+    assert set(recorded["settings"]) == {"train.learning_rate", "train.max_steps", "model.hidden_size", "run.seed",
+                                         "scaling.num_workers"}
+    # where and how often it logs, checkpoints and runs may change; what is trained may not
+    moved = {**settings, "train.log_every": 1, "tracking.experiment": "y", "scaling.cpus_per_worker": 1.0,
+             "data.cache": "stream", "run.name": "b"}
+    assert checkpointing.fingerprint_changes(recorded, checkpointing.fingerprint(moved, "d" * 64)) == []
+    changed = checkpointing.fingerprint({**settings, "train.learning_rate": 2e-3, "scaling.num_workers": 4}, "e" * 64)
+    assert checkpointing.fingerprint_changes(recorded, changed) == [
+        "scaling.num_workers 2 → 4", "train.learning_rate 0.001 → 0.002",
+        "the prepared data (digest dddddddddddd → eeeeeeeeeeee)"]
+    assert checkpointing.fingerprint_changes(None, changed) == []  # a checkpoint from before fingerprints

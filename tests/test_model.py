@@ -298,3 +298,15 @@ def test_incompatible_checkpoints_raise(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="backbone weights"):
         AlbertForSequenceClassification.from_pretrained(tmp_path)
+
+
+def test_flops_count_a_shared_layer_once_per_use():
+    """ALBERT's sharing saves parameters, not compute: 4 layers sharing one group cost what 4 unshared cost."""
+    shared = AlbertForPreTraining(small_config(num_hidden_groups=1))
+    unshared = AlbertForPreTraining(small_config(num_hidden_groups=4))
+    assert shared.num_parameters() < unshared.num_parameters()
+    assert shared.effective_parameters() == unshared.effective_parameters() == unshared.num_parameters()
+    T, c = 64, shared.config
+    assert shared.flops_per_token(T) == 3 * shared.flops_per_token(T, training=False)
+    assert shared.flops_per_token(T) - shared.flops_per_token(0) == 12 * c.num_hidden_layers * c.hidden_size * T
+    assert shared.flops_per_token(0) == 6 * unshared.num_parameters()

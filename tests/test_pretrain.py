@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -330,3 +331,52 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseli
     assert outcome.metrics["resumed_from_step"] == RESUME_STEPS - 10  # the checkpoint before the corrupted one
     assert outcome.metrics["step"] == RESUME_STEPS
     assert_same_weights(baseline, final_weights(prepared / "faulted"))
+
+
+def _copy_of_the_data(root: Path, name: str) -> Path:
+    copy = root / name
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(root / "prepared", copy)
+    return copy
+
+
+def test_a_shard_changed_since_preparation_stops_pretraining_before_it_starts(prepared, ray_session):
+    from albert_dist.errors import DataError
+
+    shard = _copy_of_the_data(prepared, "prepared_damaged") / "train" / "part-00000.parquet"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"shard train/part-00000\.parquet does not match its sha256"):
+        resume_run(prepared, "damaged", "data.output=prepared_damaged")
+    assert not (prepared / "damaged" / "ray").exists()  # stopped before training
+
+
+def test_relaunch_with_other_settings_or_data_is_refused_unless_allowed(prepared, faulted):
+    """The `faulted` run is complete (30 steps): a relaunch that changed the learning rate or the data would
+    continue its optimizer state under new settings; with run.resume_changes=allow it resumes and says so."""
+    import pyarrow.parquet as pq
+    from mlflow.tracking import MlflowClient
+
+    from albert_dist.files import sha256_file
+    from albert_dist.train.ray_runner import ChangedRelaunch
+
+    with pytest.raises(ChangedRelaunch, match=r"train\.learning_rate 0\.003 → 0\.004"):
+        resume_run(prepared, "faulted", STREAMED, "train.learning_rate=4e-3")
+
+    # the data prepared again in another order: valid shards, checksums to match, other batches
+    changed = _copy_of_the_data(prepared, "prepared_reordered")
+    shard = changed / "train" / "part-00000.parquet"
+    table = pq.read_table(shard)
+    pq.write_table(table.take(list(reversed(range(table.num_rows)))), shard)
+    manifest = json.loads((changed / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["sha256"] = sha256_file(shard)
+    (changed / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ChangedRelaunch, match="the prepared data"):
+        resume_run(prepared, "faulted", STREAMED, "data.output=prepared_reordered")
+
+    outcome = resume_run(prepared, "faulted", STREAMED, "train.max_steps=40", "run.resume_changes=allow")
+    assert outcome.metrics["resumed_from_step"] == RESUME_STEPS and outcome.metrics["step"] == 40
+    run = MlflowClient(outcome.tracking_uri).get_run(outcome.run_id)
+    assert run.data.tags[f"albert_dist.resume_changes.step_{RESUME_STEPS}"] == "train.max_steps 30 → 40"
+    assert run.info.status == "FINISHED"

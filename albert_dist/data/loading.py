@@ -6,6 +6,7 @@ Per-rank batching for training lives in `albert_dist.train.feed` (exact resume n
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import tempfile
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.prepare import FORMAT_VERSION, MANIFEST
 from albert_dist.data.readers import filesystem
 from albert_dist.errors import DataError, TokenizerError
+from albert_dist.files import sha256_stream
 
 
 #: the largest share of the cluster's object store that `data.cache: auto` fills with a prepared dataset
@@ -112,6 +114,32 @@ class PreparedData:
         """Paths inside the dataset's filesystem, in instance-id order."""
         return [f"{self._root}/{shard['path']}" for shard in self.manifest["splits"][split]["shards"]]
 
+    def verify_shards(self) -> int:
+        """Check every shard against the sha256 the manifest records; returns how many were checked. A dataset
+        prepared before shards were checksummed has none to check."""
+        checked = 0
+        for split in ("train", "eval"):
+            for shard, path in zip(self.manifest["splits"][split]["shards"], self.shard_paths(split)):
+                if "sha256" not in shard:
+                    continue
+                try:
+                    with self._fs.open_input_stream(path) as f:
+                        digest = sha256_stream(f)
+                except FileNotFoundError:
+                    raise DataError(f"{self.location}: shard {shard['path']} is missing") from None
+                if digest != shard["sha256"]:
+                    raise DataError(f"{self.location}: shard {shard['path']} does not match its sha256 in the "
+                                    f"manifest (changed or corrupted since it was prepared): prepare the data again")
+                checked += 1
+        return checked
+
+    def digest(self) -> str:
+        """What identifies the data a run trains on: the shards' and the tokenizer's checksums and the sequence
+        length (not the manifest's creation time: data prepared again byte for byte is the same data)."""
+        identity = {"splits": self.manifest["splits"], "tokenizer": self.manifest["tokenizer"]["sha256"],
+                    "max_seq_length": self.manifest["max_seq_length"]}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
     def collator(self, masking=None) -> MaskingCollator:
         """The masking collator for this data (special ids and vocabulary from the manifest); `masking`, a
         `MaskingSection`, overrides the settings the data was prepared with."""
@@ -138,8 +166,6 @@ def load_prepared(location: str | Path) -> PreparedData:
 
 def _load_tokenizer(fs: pafs.FileSystem, root: str, location: str, info: dict[str, Any]):
     """The dataset's tokenizer, refused when its file is not the one the instances were tokenized with."""
-    import hashlib
-
     from albert_dist.tokenizer import load_tokenizer
 
     path = f"{root}/{info['dir']}/{info['file']}"

@@ -229,9 +229,11 @@ class _ShardWriter:
                 self.close()
 
     def close(self) -> None:
+        """Close the open shard and record its sha256 (pretraining verifies the shards against it)."""
         if self._writer is not None:
             self._writer.close()
             self._writer, self._in_shard = None, 0
+            self.shards[-1]["sha256"] = sha256_file(self.directory.parent / self.shards[-1]["path"])
 
 
 def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool,

@@ -73,6 +73,10 @@ class DistillationModel(torch.nn.Module):
             if self.match_hidden else None
         return student.logits, teacher.logits, hidden
 
+    def flops_per_token(self, seq_len: int) -> float:
+        """The student's training step plus the teacher's forward pass."""
+        return self.student.flops_per_token(seq_len) + self.teacher.flops_per_token(seq_len, training=False)
+
     def hidden_mse(self, student_states, teacher_states, attention_mask) -> torch.Tensor:
         s_inner, t_inner = self.student.config.inner_group_num, self.teacher.config.inner_group_num
         Ls, Lt = self.student.config.num_hidden_layers, self.teacher.config.num_hidden_layers

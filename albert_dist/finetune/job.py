@@ -7,6 +7,7 @@ The helpers here (data preparation, schedule, lineage, the training call) are sh
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from albert_dist.finetune.config import FinetuneJobConfig, FinetuneSection, Task
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
+from albert_dist.train import checkpointing
 
 DROPOUT_FIELDS = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout_prob"}
 
@@ -97,6 +99,12 @@ def log_task_data(uri: str, run_id: str, section: TaskDataSection, task_data: Ta
          {"num_rows": len(task_data.splits[split])}) for context, (path, split) in files.items() if path])
 
 
+def task_data_digest(section: TaskDataSection) -> str:
+    """The digest of the task's data files (what a resumed run must still train on)."""
+    files = [section.train, section.dev, section.test]
+    return hashlib.sha256("\n".join(tracking.path_digest(p) if p else "-" for p in files).encode()).hexdigest()
+
+
 def log_final_model(cfg, uri: str, run_id: str, model_dir: Path, step: int) -> None:
     """The published model as the run's MLflow model (linked to its final metrics), registered when asked."""
     from albert_dist import mlflow_models
@@ -134,7 +142,8 @@ def train_on_ray(cfg, *, task_factory: str, config: dict[str, Any], task_data: T
         return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task_factory=task_factory,
                             task_config=config, train=train, scaling=cfg.scaling, seed=cfg.run.seed,
                             datasets=datasets, tracking=(uri, run_id), best_model_dir=best_model_dir,
-                            callbacks=callbacks)
+                            callbacks=callbacks, resume_changes=cfg.run.resume_changes,
+                            fingerprint=checkpointing.fingerprint(flatten(cfg), task_data_digest(cfg.data)))
     except BaseException:
         tracking.finish_run(uri, run_id, "FAILED")
         raise

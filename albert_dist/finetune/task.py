@@ -76,6 +76,9 @@ class SequenceClassificationTask(TrainingTask):
     def num_hidden_groups(self, model) -> int:
         return model.config.num_hidden_groups
 
+    def flops_per_token(self, model) -> float:
+        return model.flops_per_token(self.config["max_seq_length"])
+
     def save_model(self, model, directory: Path) -> None:
         model.save_pretrained(directory)
         self.tokenizer.save(directory)

@@ -244,6 +244,20 @@ class AlbertPreTrainedModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def effective_parameters(self) -> int:
+        """Parameters counted once per use: a shared layer group counts once for every layer that applies it."""
+        c = self.config
+        group_params = sum(p.numel() for p in self.backbone.encoder.albert_layer_groups.parameters())
+        uses_per_group = c.num_hidden_layers / c.num_hidden_groups
+        return self.num_parameters() - group_params + int(group_params * uses_per_group)
+
+    def flops_per_token(self, seq_len: int, training: bool = True) -> float:
+        """≈ 2·N_eff + 4·L·H·T per token forward (the matmuls, plus attention scores and values over T positions);
+        a training step (forward and backward) is three times that: 6·N_eff + 12·L·H·T."""
+        c = self.config
+        forward = 2 * self.effective_parameters() + 4 * c.num_hidden_layers * c.hidden_size * seq_len
+        return 3 * forward if training else forward
+
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         ckpt.save_pretrained(self, directory)
 

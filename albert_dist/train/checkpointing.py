@@ -7,6 +7,10 @@ Layout of a checkpoint directory:
 
 A checkpoint is only valid once its manifest exists and every checksum matches; `load_training_state` refuses
 anything else, so a half-written or corrupted checkpoint is never resumed from.
+
+The manifest also records the run's fingerprint: the job settings that decide what is trained and the digest of the
+data. A relaunch whose fingerprint differs from its checkpoint's would continue the old optimizer state under new
+settings; `fingerprint_changes` names what changed so the relaunch can refuse (or record) it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,15 @@ from albert_dist.errors import CheckpointError
 from albert_dist.files import sha256_file
 
 MANIFEST = "manifest.json"
+#: job settings a relaunch may change and still resume: where outputs and tracking go, how often the run logs,
+#: evaluates, checkpoints and retries, and where its workers are placed. Every other setting decides what is trained.
+RELAUNCH_MAY_CHANGE = (
+    "run.name", "run.output_dir", "run.resume_changes", "tracking.", "data.output", "data.cache",
+    "scaling.use_gpu", "scaling.cpus_per_worker", "scaling.gpus_per_worker", "scaling.placement_strategy",
+    "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every", "train.keep_checkpoints",
+    "train.max_failures", "train.resource_wait_attempts", "train.peak_tflops", "train.plateau_warning_after",
+    "train.lr_range_",
+)
 STATE_FILE = "training_state.pt"
 MODEL_DIR = "model"
 
@@ -34,6 +47,26 @@ def write_atomic_bytes(path: Path, data: bytes | memoryview) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def fingerprint(settings: dict[str, Any], data_digest: str | None = None) -> dict[str, Any]:
+    """What a checkpoint must have been trained with to be resumed: the flattened job `settings` that decide what
+    is trained (all but `RELAUNCH_MAY_CHANGE`) and the digest of the training data, when the job has one."""
+    kept = {k: v for k, v in sorted(settings.items()) if not k.startswith(RELAUNCH_MAY_CHANGE)}
+    return {"settings": json.loads(json.dumps(kept, default=str)), "data": data_digest}
+
+
+def fingerprint_changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """What differs between a checkpoint's fingerprint and the relaunch's, one readable line each ("train.
+    learning_rate 0.001 → 0.002"); none for a checkpoint written before fingerprints were recorded."""
+    if not recorded:
+        return []
+    old, new = recorded.get("settings", {}), current["settings"]
+    changes = [f"{key} {old.get(key, '(unset)')} → {new.get(key, '(unset)')}"
+               for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    if recorded.get("data") != current["data"]:
+        changes.append(f"the prepared data (digest {str(recorded.get('data'))[:12]} → {str(current['data'])[:12]})")
+    return changes
 
 
 def write_manifest(directory: Path, info: dict[str, Any]) -> None:

@@ -69,8 +69,8 @@ class TrainingTask(ABC):
     def load_weights(self, model: torch.nn.Module, directory: Path) -> None:
         model.load_state_dict(type(model).from_pretrained(directory).state_dict())
 
-    def flops_per_token(self) -> float:
-        """Training FLOPs per token, for model FLOPs utilisation; 0 when unknown."""
+    def flops_per_token(self, model: torch.nn.Module) -> float:
+        """Training FLOPs per token of `model`, for model FLOPs utilisation; 0 when unknown."""
         return 0.0
 
     def should_evaluate(self, step: int) -> bool:
@@ -104,6 +104,8 @@ class WorkerEnv:
     resume_dir: Path | None = None
     log_metrics: Callable[[dict[str, float], int], None] | None = None
     best_model_dir: Path | None = None
+    #: recorded in every checkpoint's manifest (`checkpointing.fingerprint`)
+    fingerprint: dict[str, Any] | None = None
     print_fn: Callable[[str], None] = lambda line: print(line, flush=True)
 
     @property
@@ -266,7 +268,7 @@ class Trainer:
             "samples_per_s": samples / elapsed,
             "skipped_steps": float(steps - finite_steps / self.env.world_size),
         })
-        flops = self.task.flops_per_token()
+        flops = self.task.flops_per_token(self.model)
         if flops:
             metrics["model_tflops"] = flops * metrics["tokens_per_s"] / 1e12
             if self.settings.peak_tflops:
@@ -345,7 +347,8 @@ class Trainer:
                                   f"storage)"):
                 self.task.save_model(self.model, directory / checkpointing.MODEL_DIR)
                 checkpointing.save_training_state(directory, self._state(rng_states),
-                                                  {"step": self.position.step, "epoch": self.position.epoch})
+                                                  {"step": self.position.step, "epoch": self.position.epoch,
+                                                   "fingerprint": self.env.fingerprint})
                 self.env.report(payload, directory)
 
     def _state(self, rng_states: list[torch.Tensor]) -> dict[str, Any]:
@@ -411,6 +414,15 @@ def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict
         dist.all_reduce(packed)
     summed = packed.split([part.numel() for part in parts])
     return {k: (part.tolist() if shapes[k] else part.item()) for k, part in zip(keys, summed)}
+
+
+def broadcast_object(obj: Any, world_size: int) -> Any:
+    """Rank 0's `obj` on every rank."""
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
+    return obj
 
 
 def gather_objects(obj: Any, world_size: int) -> list[Any]:

@@ -22,9 +22,9 @@ from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, Sc
 from ray.train.v2.api.exceptions import ControllerError
 
 from albert_dist.config import ScalingSection, TrainSection
-from albert_dist.errors import AlbertDistError, CheckpointError
+from albert_dist.errors import AlbertDistError, CheckpointError, ConfigError
 from albert_dist.train import checkpointing
-from albert_dist.train.loop import Trainer, WorkerEnv
+from albert_dist.train.loop import Trainer, WorkerEnv, broadcast_object
 
 
 class TrainingStalled(AlbertDistError):
@@ -60,15 +60,22 @@ def torch_threads(scaling: ScalingSection) -> int:
 def run_training(*, name: str, storage_path: Path, task_factory: str, task_config: dict[str, Any],
                  train: TrainSection, scaling: ScalingSection, seed: int, datasets: dict[str, Any] | None = None,
                  split_datasets: bool = False, tracking: tuple[str, str] | None = None,
-                 best_model_dir: Path | None = None, callbacks: list | None = None) -> TrainingResult:
+                 best_model_dir: Path | None = None, callbacks: list | None = None,
+                 fingerprint: dict[str, Any] | None = None, resume_changes: str = "refuse") -> TrainingResult:
     """Fit `task_factory(task_config)` with the shared loop on `scaling.num_workers` Ray Train workers.
 
     `task_factory` is an import path "module:function"; the function builds the `TrainingTask` inside each
     worker. Datasets are passed whole to every worker unless `split_datasets` (the tasks shard them themselves,
     deterministically, so a resumed run sees exactly the batches it had not trained on yet).
+
+    `fingerprint` (`checkpointing.fingerprint`) is recorded in every checkpoint; a relaunch whose fingerprint
+    differs from its newest checkpoint's stops before training (`resume_changes` "refuse") or resumes and records
+    the changes as an MLflow tag ("allow").
     """
     from ray.data import DataContext
 
+    if fingerprint is not None:
+        _check_relaunch(storage_path / name, fingerprint, resume_changes, tracking)
     training_data_context()
     options = DataContext.get_current().execution_options
     trainer = ray.train.torch.TorchTrainer(
@@ -76,7 +83,7 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
         train_loop_config={"task_factory": task_factory, "task_config": task_config, "train": train.model_dump(),
                            "seed": seed, "tracking": tracking, "storage_dir": str(storage_path / name),
                            "best_model_dir": str(best_model_dir) if best_model_dir else None,
-                           "torch_threads": torch_threads(scaling)},
+                           "torch_threads": torch_threads(scaling), "fingerprint": fingerprint},
         scaling_config=scaling_config(scaling),
         run_config=RunConfig(name=name, storage_path=str(storage_path),
                              checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
@@ -96,7 +103,8 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     metrics = dict(result.metrics or {})
     if metrics.get("diverged"):
         raise TrainingDiverged(str(metrics.get("message", "training diverged")))
-    checkpoint_dir = Path(result.checkpoint.path) if result.checkpoint else None
+    # the newest checkpoint that passes its checksums (Ray's latest record, or a newer one it had not registered)
+    checkpoint_dir = resume_directory(result.checkpoint, storage_path / name, _silent)
     return TrainingResult(metrics, checkpoint_dir, storage_path / name)
 
 
@@ -119,6 +127,35 @@ def _quiet_report_log() -> None:
         logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
+class ChangedRelaunch(ConfigError):
+    """A relaunch whose settings or data differ from what its checkpoints were trained with."""
+
+
+def _check_relaunch(storage_dir: Path, fingerprint: dict[str, Any], resume_changes: str,
+                    tracking: tuple[str, str] | None) -> None:
+    """Refuse (or, with `resume_changes` "allow", record in MLflow) a relaunch that would resume checkpoints
+    trained with other settings or data."""
+    latest = resume_directory(None, storage_dir, _silent) if storage_dir.is_dir() else None
+    if latest is None:
+        return
+    manifest = checkpointing.verify_manifest(latest)
+    changes = checkpointing.fingerprint_changes(manifest.get("fingerprint"), fingerprint)
+    if not changes:
+        return
+    step = manifest["step"]
+    if resume_changes != "allow":
+        raise ChangedRelaunch(
+            f"run {storage_dir.name!r} has checkpoints up to step {step} trained with other settings: "
+            f"{'; '.join(changes)}. Resuming would continue their optimizer state under the new ones. Use another "
+            f"run.name for a new run, or --set run.resume_changes=allow to resume anyway (the changes are recorded "
+            f"in MLflow).")
+    print(f"resuming step {step} with changes (run.resume_changes=allow): {'; '.join(changes)}")
+    if tracking is not None:
+        from albert_dist import tracking as mlflow_tracking
+
+        mlflow_tracking.set_tags(*tracking, {f"albert_dist.resume_changes.step_{step}": "; ".join(changes)})
+
+
 def _train_worker(config: dict[str, Any]) -> None:
     torch.set_num_threads(config["torch_threads"])
     _quiet_report_log()
@@ -131,11 +168,13 @@ def _train_worker(config: dict[str, Any]) -> None:
         from albert_dist.tracking import MetricsLogger
 
         logger = MetricsLogger(*config["tracking"], skip_replayed=True)
-    env = WorkerEnv(rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
+    world_size = context.get_world_size()
+    # rank 0 picks the checkpoint (verifying it) and every rank resumes from that one
+    resume_dir = resume_directory(ray.train.get_checkpoint(), Path(config["storage_dir"])) if rank == 0 else None
+    env = WorkerEnv(rank=rank, world_size=world_size, device=ray.train.torch.get_device(),
                     wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
                     best_model_dir=Path(config["best_model_dir"]) if config["best_model_dir"] else None,
-                    resume_dir=resume_directory(ray.train.get_checkpoint(), Path(config["storage_dir"]),
-                                                print if rank == 0 else _silent))
+                    resume_dir=broadcast_object(resume_dir, world_size), fingerprint=config["fingerprint"])
     train = TrainSection.model_validate(config["train"])
     result = Trainer(task, train, env, seed=config["seed"]).fit()
     if logger is not None:
