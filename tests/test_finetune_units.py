@@ -114,6 +114,19 @@ def test_early_stopping_counts_evaluations_without_improvement():
     assert not EarlyStopping("eval_accuracy", "max", None)({"eval_accuracy": 0.1})
 
 
+def test_early_stopping_goes_on_counting_after_a_resume(tmp_path):
+    """Its state travels in the checkpoint: a run resumed after one evaluation without improvement stops after
+    the next one (patience 2), as the uninterrupted run does."""
+    from albert_dist.train import checkpointing
+
+    stop = EarlyStopping("eval_accuracy", "max", patience=2)
+    assert [stop({"eval_accuracy": v}) for v in (0.6, 0.55)] == [False, False]
+    checkpointing.save_training_state(tmp_path, {"task": stop.state()}, {"step": 2})
+    resumed = EarlyStopping("eval_accuracy", "max", patience=2)
+    resumed.restore(checkpointing.load_training_state(tmp_path)["task"])
+    assert resumed({"eval_accuracy": 0.59}) and not EarlyStopping("eval_accuracy", "max", 2)({"eval_accuracy": 0.59})
+
+
 def test_distillation_pieces():
     assert [teacher_layer(i, 4, 12) for i in (1, 2, 3, 4)] == [3, 6, 9, 12]
     assert teacher_layer(2, 2, 3) == 3

@@ -106,6 +106,32 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, precision):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
+class CountingTask(KeywordTask):
+    """Counts its evaluations in its own state, which a resumed run must take back from the checkpoint."""
+
+    def __init__(self):
+        super().__init__()
+        self.evaluations = 0
+
+    def should_stop(self, eval_metrics):
+        self.evaluations += 1
+        return False
+
+    def state(self):
+        return {"evaluations": self.evaluations}
+
+    def restore(self, state):
+        self.evaluations = state["evaluations"]
+
+
+def test_the_task_state_is_checkpointed_and_restored(tmp_path):
+    full = CountingTask()
+    Trainer(full, settings(eval_every=10), WorkerEnv(report=Checkpoints(tmp_path))).fit()
+    resumed = CountingTask()
+    Trainer(resumed, settings(eval_every=10), WorkerEnv(resume_dir=tmp_path / "step20", print_fn=lambda s: None)).fit()
+    assert resumed.evaluations == full.evaluations == 4
+
+
 def test_gradient_accumulation_counts_micro_batches(tmp_path):
     trainer = Trainer(KeywordTask(), settings(grad_accum_steps=2, max_steps=10, eval_every=10, checkpoint_every=10),
                       WorkerEnv())

@@ -22,9 +22,7 @@ from albert_dist.train.loop import TrainingTask
 
 class EarlyStopping:
     """True once `metric` has not improved for `patience` consecutive evaluations (never when patience is None).
-
-    Its count lives in the task, so a resumed run starts counting afresh.
-    """
+    Its best value and count travel in the checkpoints (`state`/`restore`), so a resumed run goes on counting."""
 
     def __init__(self, metric: str, mode: str, patience: int | None):
         self.metric, self.mode, self.patience = metric, mode, patience
@@ -41,6 +39,14 @@ class EarlyStopping:
         else:
             self.evaluations_without_improvement += 1
         return self.evaluations_without_improvement >= self.patience
+
+    def state(self) -> dict[str, float]:
+        return {"best": math.nan if self.best is None else self.best,
+                "evaluations_without_improvement": self.evaluations_without_improvement}
+
+    def restore(self, state: dict[str, float]) -> None:
+        self.best = None if math.isnan(state["best"]) else state["best"]
+        self.evaluations_without_improvement = int(state["evaluations_without_improvement"])
 
 
 class SequenceClassificationTask(TrainingTask):
@@ -155,6 +161,13 @@ class SequenceClassificationTask(TrainingTask):
 
     def should_stop(self, eval_metrics):
         return self.stopper(eval_metrics)
+
+    def state(self):
+        return self.stopper.state()
+
+    def restore(self, state):
+        if state:  # a checkpoint written before the task kept state starts counting afresh
+            self.stopper.restore(state)
 
 
 def global_batches(count: int, batch_size: int, rank: int, world_size: int, drop_last: bool):

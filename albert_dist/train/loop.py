@@ -86,6 +86,13 @@ class TrainingTask(ABC):
         plateau warning after `plateau_warning_after` of max_steps; None when the task has no such baseline."""
         return None
 
+    def state(self) -> dict[str, float]:
+        """What the task itself must carry across a resume (early stopping's count), saved with each checkpoint."""
+        return {}
+
+    def restore(self, state: dict[str, float]) -> None:
+        """Take back what `state` returned when the checkpoint was written."""
+
     def should_stop(self, eval_metrics: dict[str, float]) -> bool:
         """Called after each evaluation, on every rank with the same metrics; True stops training (early
         stopping) with a final checkpoint."""
@@ -359,6 +366,7 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler else {},
             "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch,
             "best": self.best if self.best is not None else float("nan"),
+            "task": self.task.state(),
             "rng_states": rng_states,
         }
 
@@ -371,6 +379,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.position = Position(state["step"], state["epoch"], state["batch_in_epoch"])
         self.best = None if math.isnan(state["best"]) else state["best"]
+        self.task.restore(state.get("task", {}))
         rng_states = state["rng_states"]
         if self.env.rank < len(rng_states):
             torch.set_rng_state(rng_states[self.env.rank])
