@@ -8,21 +8,26 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from albert_dist.config import (
-    ModelSection,
+    PretrainedModelSection,
     RunSection,
     ScalingSection,
     Section,
     TrackingSection,
-    TrainSection,
+    TrainBase,
 )
 
 LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")
 
 
-class FinetuneTrainSection(TrainSection):
-    """TrainSection with google's GLUE recipe as defaults (AdamW, lr in 1e-5..5e-5), so that a partial `train:`
-    section in YAML keeps them; max_steps and warmup_steps are derived from finetune.epochs/warmup_ratio."""
+class FinetuneTrainSection(TrainBase):
+    """The loop's settings with google's GLUE recipe as defaults (AdamW, lr in 1e-5..5e-5), so that a partial
+    `train:` section in YAML keeps them. The warmup is finetune.warmup_ratio of the steps, which are
+    finetune.epochs or, with epochs empty, max_steps; the dev set is evaluated whole."""
 
+    key_hints = {"warmup_steps": "fine-tuning warms up for finetune.warmup_ratio of the steps",
+                 "eval_batches": "fine-tuning evaluates the whole dev set, in batches of finetune.eval_batch_size"}
+
+    max_steps: int | None = Field(None, gt=0, description="The number of steps when finetune.epochs is empty.")
     optimizer: Literal["lamb", "adamw"] = "adamw"
     learning_rate: float = Field(3e-5, gt=0)
     batch_size: int = Field(32, gt=0, description="Per worker, per micro-batch.")
@@ -68,7 +73,7 @@ class FinetuneSection(Section):
     """
 
     task: Literal["classification", "regression"] = "classification"
-    epochs: float | None = Field(3.0, gt=0, description="Sets train.max_steps; empty keeps train.max_steps.")
+    epochs: float | None = Field(3.0, gt=0, description="Sets the number of steps; empty: train.max_steps does.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of the steps warming up (sets warmup_steps).")
     layer_lr_decay: float = Field(1.0, gt=0, le=1)
     lr_scales: dict[str, float] = Field(default_factory=dict)
@@ -100,16 +105,29 @@ class FinetuneSection(Section):
         return self.metric or ("pearson" if self.task == "regression" else "accuracy")
 
 
-class FinetuneJobConfig(Section):
-    """`albert-dist finetune`: `model.init_from` is the pretrained model directory (ours or transformers')."""
+class TaskJobConfig(Section):
+    """What fine-tuning and distillation share; the training length is finetune.epochs or train.max_steps."""
 
-    run: RunSection = Field(default_factory=lambda: RunSection(name="finetune"))
-    model: ModelSection = Field(default_factory=ModelSection)
+    run: RunSection = Field(default_factory=RunSection)
     data: TaskDataSection = Field(default_factory=TaskDataSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
-    train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+
+    @model_validator(mode="after")
+    def _one_training_length(self) -> "TaskJobConfig":
+        if (self.finetune.epochs is None) == (self.train.max_steps is None):
+            raise ValueError("give the training length once: finetune.epochs, or train.max_steps with "
+                             "finetune.epochs empty (null)")
+        return self
+
+
+class FinetuneJobConfig(TaskJobConfig):
+    """`albert-dist finetune`: `model.init_from` is the pretrained model directory (ours or transformers')."""
+
+    run: RunSection = Field(default_factory=lambda: RunSection(name="finetune"))
+    model: PretrainedModelSection = Field(default_factory=PretrainedModelSection)
+    train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
 
 
 class StudentSection(Section):
@@ -153,14 +171,10 @@ class DistillSection(Section):
     speed_repeats: int = Field(20, gt=0)
 
 
-class DistillJobConfig(Section):
+class DistillJobConfig(TaskJobConfig):
     """`albert-dist distill`: the teacher's dir carries the tokenizer and the label names."""
 
     run: RunSection = Field(default_factory=lambda: RunSection(name="distill"))
     distill: DistillSection = Field(default_factory=DistillSection)
     student: StudentSection = Field(default_factory=StudentSection)
-    data: TaskDataSection = Field(default_factory=TaskDataSection)
-    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
-    scaling: ScalingSection = Field(default_factory=ScalingSection)
     train: DistillTrainSection = Field(default_factory=DistillTrainSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)

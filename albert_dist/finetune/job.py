@@ -13,16 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist import run_lock, tracking
-from albert_dist.config import TrainSection, dump_yaml, flatten
+from albert_dist.config import TrainBase, TrainSection, dump_yaml, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, FinetuneSection, TaskDataSection
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
-
-DROPOUT_FIELDS = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout_prob"}
-
 
 @dataclass
 class TaskData:
@@ -57,7 +54,7 @@ def label_overrides(task: str, label_names: list[str] | None) -> dict[str, Any]:
             "id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
 
 
-def schedule(train: TrainSection, finetune: FinetuneSection, num_train: int, num_workers: int
+def schedule(train: TrainBase, finetune: FinetuneSection, num_train: int, num_workers: int
              ) -> tuple[TrainSection, int]:
     """`train` with max_steps from the epochs and warmup_steps = warmup_ratio × max_steps; and the number of
     micro-batches per epoch (global batches of `batch_size × num_workers` rows, the last partial one dropped)."""
@@ -173,10 +170,6 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
     init_from = cfg.model.init_from
     if not init_from:
         raise ConfigError("model.init_from is not set: give the pretrained model directory")
-    structural = set(cfg.model.overrides()) - DROPOUT_FIELDS
-    if structural:
-        raise ConfigError(f"model.{sorted(structural)[0]} cannot change when fine-tuning {init_from}; "
-                          f"only dropout can")
     task = cfg.finetune.task
     task_data = prepare_task_data(cfg.data, task, init_from)
     train, per_epoch = schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
