@@ -22,9 +22,19 @@ class Section(BaseModel):
     key_hints: ClassVar[dict[str, str]] = {}
 
 
-class RunSection(Section):
-    name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
+class OutputSection(Section):
+    """Data preparation's `run:`: where its outputs go (`data.output` under it; data.seed seeds it)."""
+
+    key_hints = {"name": "data preparation writes to data.output, under run.output_dir",
+                 "seed": "data preparation is seeded by data.seed"}
+
     output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store.")
+
+
+class RunSection(OutputSection):
+    """A training run: its name (its directory under output_dir) and seed."""
+
+    name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
     seed: int = 0
 
     @field_validator("name")
@@ -301,7 +311,7 @@ class TrackingSection(Section):
 class DataJobConfig(Section):
     """`albert-dist data prepare`."""
 
-    run: RunSection = Field(default_factory=RunSection)
+    run: OutputSection = Field(default_factory=OutputSection)
     data: DataSection = Field(default_factory=DataSection)
     tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
     masking: PrepareMaskingSection = Field(default_factory=PrepareMaskingSection)

@@ -96,7 +96,8 @@ def run_demo(cfg: DemoJobConfig) -> int:
     run = cfg.run.model_copy(update={"output_dir": str(root)})
     print("[2/6] preparing the corpus with Ray Data")
     run_prepare(DataJobConfig.model_validate({
-        "run": run, "data": {**cfg.data.model_dump(), "inputs": [str(corpus)]}, "tokenizer": cfg.tokenizer,
+        "run": {"output_dir": str(root)}, "data": {**cfg.data.model_dump(), "inputs": [str(corpus)]},
+        "tokenizer": cfg.tokenizer,
         "masking": cfg.masking}))
 
     print("[3/6] pretraining")

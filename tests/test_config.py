@@ -99,6 +99,8 @@ def test_override_keeps_the_job_s_own_section_defaults():
     ("pretrain", "data.inputs=[a.txt]", "data prepare"),
     ("pretrain", "masking.static=true", "data prepare's masking.static"),
     ("prepare_data", "data.cache=memory", None),
+    ("prepare_data", "run.name=prepare", "data.output"),
+    ("prepare_data", "run.seed=1", "data.seed"),
     ("demo", "data.inputs=[a.txt]", None),
     ("demo", "train.lr_range_test=true", "albert-dist pretrain's"),
 ])

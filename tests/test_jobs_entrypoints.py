@@ -77,12 +77,14 @@ def test_every_registered_job_has_its_entry_module_cli_command_and_submit_entryp
     and calls its runner, and submit runs its entry module."""
     assert (REPO / (job.entry[0].replace(".", "/") + ".py")).is_file()
     sweep_space = ["search_space={train.learning_rate: {choice: [1e-5]}}"] if job.command[0] == "tune" else []
-    args = build_parser().parse_args([*job.command, *(f"--set={s}" for s in ["run.name=x", *sweep_space])])
+    overrides = ["run.output_dir=elsewhere", *sweep_space]
+    args = build_parser().parse_args([*job.command, *(f"--set={item}" for item in overrides)])
     called = {}
     with pytest.MonkeyPatch.context() as patch:  # the runners' modules import torch and Ray: read, not imported
         patch.setattr(Job, "load_runner", lambda self: lambda cfg: called.update(job=self, cfg=cfg) or 0)
         assert args.handler(args) == 0
-    assert called["job"] is job and type(called["cfg"]) is job.load_config_class() and called["cfg"].run.name == "x"
+    assert called["job"] is job and type(called["cfg"]) is job.load_config_class()
+    assert called["cfg"].run.output_dir == "elsewhere"
     module, _, runner = job.runner.partition(":")
     assert f"\ndef {runner}(" in Path(importlib.util.find_spec(module).origin).read_text()
     assert build_parser().parse_args(["submit", job.name]).job == job.name
