@@ -118,8 +118,7 @@ class TokenizerSection(Section):
     @model_validator(mode="after")
     def _options_fit_kind(self) -> "TokenizerSection":
         if self.kind == "wordpiece":
-            misplaced = [name for name in ("character_coverage", "model_type")
-                         if getattr(self, name) != type(self).model_fields[name].default]
+            misplaced = changed_from_default(self, ("character_coverage", "model_type"))
             if misplaced:
                 raise ValueError(f"{', '.join(misplaced)} apply to kind=sentencepiece only")
         return self
@@ -316,6 +315,20 @@ class DataJobConfig(Section):
     tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
     masking: PrepareMaskingSection = Field(default_factory=PrepareMaskingSection)
 
+    @model_validator(mode="after")
+    def _no_option_without_effect(self) -> "DataJobConfig":
+        """Training options with a given tokenizer, masking options without static masks, would be ignored."""
+        trained = changed_from_default(self.tokenizer, ("vocab_size", "character_coverage", "input_sentence_size",
+                                                        "model_type"))
+        if self.tokenizer.path and trained:
+            raise ValueError(f"tokenizer.{', tokenizer.'.join(trained)}: options of training a tokenizer, and "
+                             f"tokenizer.path gives one")
+        masking = changed_from_default(self.masking, MaskingSection.model_fields)
+        if masking and not self.masking.static:
+            raise ValueError(f"masking.{', masking.'.join(masking)}: options of static masks (masking.static: "
+                             "true); pretraining's masking: section sets the masks it draws")
+        return self
+
 
 class PretrainJobConfig(Section):
     """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
@@ -327,6 +340,11 @@ class PretrainJobConfig(Section):
     scaling: ScalingSection = Field(default_factory=ScalingSection)
     train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+
+
+def changed_from_default(section: BaseModel, names) -> list[str]:
+    """Which of the fields `names` of `section` differ from their defaults."""
+    return [name for name in names if getattr(section, name) != type(section).model_fields[name].default]
 
 
 def resolve_path(path: str, base: str | Path | None = None) -> Path:

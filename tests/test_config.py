@@ -130,3 +130,13 @@ def test_pretraining_from_a_model_keeps_its_shape():
     assert load_config(PretrainJobConfig, None, ["model.init_from=/m"]).model.overrides() == {}
     with pytest.raises(ConfigError, match=r"model: hidden_size cannot be set with init_from"):
         load_config(PretrainJobConfig, None, ["model.init_from=/m", "model.hidden_size=64"])
+
+
+def test_preparation_refuses_options_it_would_not_use():
+    """With a given tokenizer its training options, and without static masks the masking options, do nothing."""
+    assert load_config(DataJobConfig, None, ["tokenizer.path=/tok", "masking.static=true",
+                                             "masking.mlm_probability=0.2"]).masking.mlm_probability == 0.2
+    with pytest.raises(ConfigError, match=r"tokenizer\.vocab_size: options of training a tokenizer"):
+        load_config(DataJobConfig, None, ["tokenizer.path=/tok", "tokenizer.vocab_size=500"])
+    with pytest.raises(ConfigError, match=r"masking\.max_ngram, masking\.whole_word: options of static masks"):
+        load_config(DataJobConfig, None, ["masking.max_ngram=1", "masking.whole_word=false"])
