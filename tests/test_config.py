@@ -140,3 +140,13 @@ def test_preparation_refuses_options_it_would_not_use():
         load_config(DataJobConfig, None, ["tokenizer.path=/tok", "tokenizer.vocab_size=500"])
     with pytest.raises(ConfigError, match=r"masking\.max_ngram, masking\.whole_word: options of static masks"):
         load_config(DataJobConfig, None, ["masking.max_ngram=1", "masking.whole_word=false"])
+
+
+def test_distillation_is_a_classification_without_a_task_key():
+    from albert_dist.finetune.config import DistillJobConfig
+
+    assert load_config(DistillJobConfig).finetune.best_metric == "accuracy"
+    with pytest.raises(ConfigError, match=r"finetune\.task: unknown key \(distillation is a classification"):
+        load_config(DistillJobConfig, None, ["finetune.task=classification"])
+    with pytest.raises(ConfigError, match="metric pearson does not apply to classification"):
+        load_config(DistillJobConfig, None, ["finetune.metric=pearson"])

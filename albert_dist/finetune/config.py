@@ -63,8 +63,9 @@ class TaskDataSection(Section):
                                                     "padding; false: plain random batches.")
 
 
-class FinetuneSection(Section):
-    """What fine-tuning adds to the training loop: task kind, epochs, ALBERT-aware learning rates, early stopping.
+class TaskTrainingSection(Section):
+    """What fine-tuning and distillation add to the training loop: epochs, ALBERT-aware learning rates, early
+    stopping; distillation's `finetune:` (a classification, as its teacher).
 
     Learning-rate scales multiply `train.learning_rate` per parameter group: `head` (classifier + pooler),
     `group0..group{G-1}` (ALBERT's shared layer groups) and `embeddings` (incl. the E→H mapping). With
@@ -72,7 +73,8 @@ class FinetuneSection(Section):
     single groups; 0 freezes one.
     """
 
-    task: Literal["classification", "regression"] = "classification"
+    key_hints = {"task": "distillation is a classification, with the teacher's labels"}
+
     epochs: float | None = Field(3.0, gt=0, description="Sets the number of steps; empty: train.max_steps does.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of the steps warming up (sets warmup_steps).")
     layer_lr_decay: float = Field(1.0, gt=0, le=1)
@@ -92,17 +94,28 @@ class FinetuneSection(Section):
                 raise ValueError(f"lr scale of {name} must be >= 0, got {scale}")
         return scales
 
+    @property
+    def task_kind(self) -> str:
+        """finetune.task; distillation's section has none: it is a classification."""
+        return getattr(self, "task", "classification")
+
     @model_validator(mode="after")
-    def _metric_fits_task(self) -> "FinetuneSection":
+    def _metric_fits_task(self) -> "TaskTrainingSection":
         kinds = {"accuracy": "classification", "f1": "classification", "mcc": "classification",
                  "pearson": "regression", "spearman": "regression"}
-        if kinds.get(self.metric or "loss", self.task) != self.task:
-            raise ValueError(f"metric {self.metric} does not apply to {self.task}")
+        if kinds.get(self.metric or "loss", self.task_kind) != self.task_kind:
+            raise ValueError(f"metric {self.metric} does not apply to {self.task_kind}")
         return self
 
     @property
     def best_metric(self) -> str:
-        return self.metric or ("pearson" if self.task == "regression" else "accuracy")
+        return self.metric or ("pearson" if self.task_kind == "regression" else "accuracy")
+
+
+class FinetuneSection(TaskTrainingSection):
+    """Fine-tuning's `finetune:`: the task kind too."""
+
+    task: Literal["classification", "regression"] = "classification"
 
 
 class TaskJobConfig(Section):
@@ -110,7 +123,7 @@ class TaskJobConfig(Section):
 
     run: RunSection = Field(default_factory=RunSection)
     data: TaskDataSection = Field(default_factory=TaskDataSection)
-    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
+    finetune: TaskTrainingSection = Field(default_factory=TaskTrainingSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
 
@@ -127,6 +140,7 @@ class FinetuneJobConfig(TaskJobConfig):
 
     run: RunSection = Field(default_factory=lambda: RunSection(name="finetune"))
     model: PretrainedModelSection = Field(default_factory=PretrainedModelSection)
+    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
 
 
