@@ -330,16 +330,21 @@ class DataJobConfig(Section):
         return self
 
 
-class PretrainJobConfig(Section):
-    """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
+class TrainingJobConfig(Section):
+    """The sections of every job that trains on Ray Train, tracked in MLflow."""
 
     run: RunSection = Field(default_factory=RunSection)
+    scaling: ScalingSection = Field(default_factory=ScalingSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+
+
+class PretrainJobConfig(TrainingJobConfig):
+    """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
+
     model: ModelSection = Field(default_factory=ModelSection)
     data: PretrainDataSection = Field(default_factory=PretrainDataSection)
     masking: MaskingSection = Field(default_factory=MaskingSection)
-    scaling: ScalingSection = Field(default_factory=ScalingSection)
     train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
 
 def changed_from_default(section: BaseModel, names) -> list[str]:

@@ -10,10 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from albert_dist.config import (
     PretrainedModelSection,
     RunSection,
-    ScalingSection,
     Section,
-    TrackingSection,
     TrainBase,
+    TrainingJobConfig,
 )
 
 LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")
@@ -118,14 +117,11 @@ class FinetuneSection(TaskTrainingSection):
     task: Literal["classification", "regression"] = "classification"
 
 
-class TaskJobConfig(Section):
+class TaskJobConfig(TrainingJobConfig):
     """What fine-tuning and distillation share; the training length is finetune.epochs or train.max_steps."""
 
-    run: RunSection = Field(default_factory=RunSection)
     data: TaskDataSection = Field(default_factory=TaskDataSection)
     finetune: TaskTrainingSection = Field(default_factory=TaskTrainingSection)
-    scaling: ScalingSection = Field(default_factory=ScalingSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
     @model_validator(mode="after")
     def _one_training_length(self) -> "TaskJobConfig":
