@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -18,11 +18,23 @@ from albert_dist.errors import ConfigError
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # key of another job's section of the same name -> where its meaning lives here (said with "unknown key")
+    key_hints: ClassVar[dict[str, str]] = {}
 
 
-class RunSection(Section):
-    name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
+class OutputSection(Section):
+    """Data preparation's `run:`: where its outputs go (`data.output` under it; data.seed seeds it)."""
+
+    key_hints = {"name": "data preparation writes to data.output, under run.output_dir",
+                 "seed": "data preparation is seeded by data.seed"}
+
     output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store.")
+
+
+class RunSection(OutputSection):
+    """A training run: its name (its directory under output_dir) and seed."""
+
+    name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
     seed: int = 0
     resume_changes: Literal["refuse", "allow"] = Field(
         "refuse", description="When checkpoints of run.name were trained with other settings or data: refuse (stop, "
@@ -44,13 +56,27 @@ class RunSection(Section):
         return resolve_path(self.output_dir) / self.name
 
 
-class ModelSection(Section):
-    """A preset plus field overrides; `None` keeps the preset's value. Field names as transformers.AlbertConfig."""
+class PretrainedModelSection(Section):
+    """A model to start from and the dropout to train it with: fine-tuning's `model:` (its shape is init_from's).
+    `None` keeps the model's value."""
 
-    preset: Literal["tiny", "base", "large", "xlarge", "xxlarge"] = "tiny"
     init_from: str | None = Field(None, description="A model directory (ours or transformers') to start from.")
     allow_pickle: bool = Field(False, description="Accept an init_from holding only pytorch_model.bin (pickle), "
                                                   "still loaded with torch.load(weights_only=True).")
+    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1)
+    attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1)
+    classifier_dropout_prob: float | None = Field(None, ge=0, lt=1)
+
+    def overrides(self) -> dict[str, Any]:
+        fields = self.model_dump(exclude={"preset", "init_from", "allow_pickle"})
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+class ModelSection(PretrainedModelSection):
+    """Pretraining's `model:`, a preset plus field overrides (`None` keeps the preset's value), or init_from as it
+    is. Field names as transformers.AlbertConfig."""
+
+    preset: Literal["tiny", "base", "large", "xlarge", "xxlarge"] = "tiny"
     embedding_size: int | None = Field(None, gt=0)
     hidden_size: int | None = Field(None, gt=0)
     num_hidden_layers: int | None = Field(None, gt=0)
@@ -59,14 +85,14 @@ class ModelSection(Section):
     intermediate_size: int | None = Field(None, gt=0)
     inner_group_num: int | None = Field(None, gt=0)
     hidden_act: str | None = None
-    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1)
-    attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1)
-    classifier_dropout_prob: float | None = Field(None, ge=0, lt=1)
     max_position_embeddings: int | None = Field(None, gt=0)
 
-    def overrides(self) -> dict[str, Any]:
-        fields = self.model_dump(exclude={"preset", "init_from", "allow_pickle"})
-        return {k: v for k, v in fields.items() if v is not None}
+    @model_validator(mode="after")
+    def _init_from_keeps_its_config(self) -> "ModelSection":
+        if self.init_from and self.overrides():
+            raise ValueError(f"{', '.join(sorted(self.overrides()))} cannot be set with init_from: pretraining "
+                             f"continues {self.init_from} with its own config.json")
+        return self
 
     def build(self, vocab_size: int, **extra: Any):
         """The `AlbertConfig` for this section; model validation errors are reported as config errors."""
@@ -76,6 +102,11 @@ class ModelSection(Section):
             return AlbertConfig.from_preset(self.preset, vocab_size=vocab_size, **self.overrides(), **extra)
         except ConfigError as err:
             raise ConfigError(f"model: {err}") from None
+
+
+PretrainedModelSection.key_hints = dict.fromkeys(
+    set(ModelSection.model_fields) - set(PretrainedModelSection.model_fields),
+    "the model's shape is model.init_from's; fine-tuning can change its dropout")
 
 
 class TokenizerSection(Section):
@@ -92,27 +123,34 @@ class TokenizerSection(Section):
     @model_validator(mode="after")
     def _options_fit_kind(self) -> "TokenizerSection":
         if self.kind == "wordpiece":
-            misplaced = [name for name in ("character_coverage", "model_type")
-                         if getattr(self, name) != type(self).model_fields[name].default]
+            misplaced = changed_from_default(self, ("character_coverage", "model_type"))
             if misplaced:
                 raise ValueError(f"{', '.join(misplaced)} apply to kind=sentencepiece only")
         return self
 
 
 class MaskingSection(Section):
-    """Masked-LM masking, dynamic at training time (or static, written with the data)."""
+    """Masked-LM masking, drawn at training time (pretraining's `masking:`)."""
+
+    key_hints = {"static": "static masks are chosen when preparing the data: data prepare's masking.static"}
 
     mlm_probability: float = Field(0.15, gt=0, lt=1)
     max_predictions_per_seq: int = Field(20, gt=0)
     max_ngram: int = Field(3, ge=1, le=10)
     whole_word: bool = True
-    static: bool = Field(False, description="Write masks with the data (google-research's setup) instead of "
-                                            "drawing new ones each epoch.")
     pad_to_multiple_of: int = Field(8, ge=1)
 
 
-class DataSection(Section):
-    inputs: list[str] = Field(default_factory=list, description="Files, directories or globs (.gz allowed).")
+class PrepareMaskingSection(MaskingSection):
+    """Data preparation's `masking:`: the settings recorded with the data, or with `static` the masks written."""
+
+    static: bool = Field(False, description="Write masks with the data (google-research's setup) instead of "
+                                            "drawing new ones each epoch.")
+
+
+class PreparationSection(Section):
+    """How a corpus becomes SOP instances: `data:` of data preparation but the inputs (the demo's are its own)."""
+
     format: Literal["auto", "sentences", "lines", "blocks", "jsonl", "parquet"] = Field(
         "auto", description="sentences: one sentence per line, blank line between documents (google-research); "
                             "lines: one document per line; blocks: blank-line separated documents; "
@@ -132,17 +170,35 @@ class DataSection(Section):
         None, description="jieba: whole-word masking of Chinese words (else each CJK character is a word).")
     user_dict: str | None = Field(None, description="A jieba user dictionary (one 'word [freq] [tag]' a line).")
     seed: int = 12345
+
+    @model_validator(mode="after")
+    def _user_dict_needs_segmenter(self) -> "PreparationSection":
+        if self.user_dict and self.word_segmenter is None:
+            raise ValueError("user_dict needs word_segmenter: jieba")
+        return self
+
+
+class DataSection(PreparationSection):
+    """`albert-dist data prepare`'s `data:`."""
+
+    inputs: list[str] = Field(default_factory=list, description="Files, directories or globs (.gz allowed).")
+
+
+class PretrainDataSection(Section):
+    """Pretraining's `data:`: which prepared dataset, and how to read it."""
+
+    output: str = Field("data/prepared", description="The prepared dataset (data prepare's data.output; relative "
+                                                     "to run.output_dir).")
     cache: Literal["auto", "memory", "stream"] = Field(
         "auto", description="How pretraining reads the prepared data. memory: once, into Ray's object store (an "
                             "epoch starts in under a second); stream: the Parquet shards again every epoch and "
                             "evaluation (seconds each; holds no memory); auto: memory when the data takes at most "
                             "a fifth of the object store.")
 
-    @model_validator(mode="after")
-    def _user_dict_needs_segmenter(self) -> "DataSection":
-        if self.user_dict and self.word_segmenter is None:
-            raise ValueError("user_dict needs word_segmenter: jieba")
-        return self
+
+PretrainDataSection.key_hints = dict.fromkeys(
+    set(DataSection.model_fields) - set(PretrainDataSection.model_fields),
+    "a key of data prepare: pretraining reads the prepared data data.output names")
 
 
 class ScalingSection(Section):
@@ -153,7 +209,10 @@ class ScalingSection(Section):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
 
-class TrainSection(Section):
+class TrainBase(Section):
+    """The training loop's settings that every job's `train:` has (fine-tuning derives the warmup from its own
+    section)."""
+
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 where the hardware has it natively (GPU, AMX CPU), else fp32 (fp16 on "
                             "GPUs without bf16).")
@@ -167,7 +226,6 @@ class TrainSection(Section):
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     adam_beta2: float = Field(0.999, ge=0, lt=1)
     adam_epsilon: float = Field(1e-6, gt=0)
-    warmup_steps: int = Field(100, ge=0)
     max_steps: int = Field(1000, gt=0)
     lr_decay_power: float = Field(1.0, ge=0)
     batch_size: int = Field(32, gt=0, description="Per worker, per micro-batch.")
@@ -175,8 +233,6 @@ class TrainSection(Section):
     max_grad_norm: float = Field(1.0, ge=0, description="0 disables clipping.")
     log_every: int = Field(10, gt=0)
     eval_every: int = Field(200, gt=0)
-    eval_batches: int = Field(20, gt=0, description="Evaluation reads this many batches of batch_size held-out "
-                                                    "sequences (in all, not per worker).")
     checkpoint_every: int = Field(200, gt=0)
     keep_checkpoints: int = Field(3, ge=1)
     max_failures: int = Field(2, ge=-1, description="Worker restarts from the latest checkpoint; -1 = unlimited.")
@@ -189,6 +245,12 @@ class TrainSection(Section):
     peak_tflops: float | None = Field(None, gt=0, description="The device's dense peak for this precision, "
                                                                  "to report model FLOPs utilisation (mfu).")
 
+
+class TrainSection(TrainBase):
+    """What the training loop reads."""
+
+    warmup_steps: int = Field(100, ge=0)
+
     @model_validator(mode="after")
     def _warmup_fits(self) -> "TrainSection":
         if self.warmup_steps > self.max_steps:
@@ -196,13 +258,28 @@ class TrainSection(Section):
         return self
 
 
-class PretrainTrainSection(TrainSection):
-    """TrainSection plus pretraining's plateau warning and learning-rate range test."""
+class PretrainingTrainSection(TrainSection):
+    """TrainSection plus what the pretraining task reads: the held-out batches and the plateau warning."""
 
+    eval_batches: int = Field(20, gt=0, description="Evaluation reads this many batches of batch_size held-out "
+                                                    "sequences (in all, not per worker).")
     plateau_warning_after: float | None = Field(
         0.25, ge=0, le=1, description="Share of max_steps after which an evaluation whose held-out MLM accuracy is "
                                       "still within a point of the unigram baseline prints a warning, once; null "
                                       "disables it.")
+
+    def loop_settings(self) -> TrainSection:
+        """The fields the training loop reads (the rest are the task's and the driver's)."""
+        return TrainSection.model_validate(self.model_dump(include=set(TrainSection.model_fields)))
+
+
+PretrainingTrainSection.key_hints = {
+    name: "the learning-rate range test is albert-dist pretrain's" for name in
+    ("lr_range_test", "lr_range_steps", "lr_range_min", "lr_range_max")}
+
+
+class PretrainTrainSection(PretrainingTrainSection):
+    """`albert-dist pretrain`'s `train:`, with the learning-rate range test the driver runs instead of training."""
 
     lr_range_test: bool = Field(False, description="Instead of training, run a learning-rate range test "
                                                    "(lr_range_steps steps, the rate growing exponentially from "
@@ -211,10 +288,6 @@ class PretrainTrainSection(TrainSection):
     lr_range_steps: int = Field(100, ge=5)
     lr_range_min: float = Field(1e-5, gt=0)
     lr_range_max: float = Field(1.0, gt=0)
-
-    def loop_settings(self) -> TrainSection:
-        """The fields the training loop reads (the range test is the driver's, the plateau warning the task's)."""
-        return TrainSection.model_validate(self.model_dump(include=set(TrainSection.model_fields)))
 
     @model_validator(mode="after")
     def _range_ordered(self) -> "PretrainTrainSection":
@@ -242,22 +315,46 @@ class TrackingSection(Section):
 class DataJobConfig(Section):
     """`albert-dist data prepare`."""
 
-    run: RunSection = Field(default_factory=RunSection)
+    run: OutputSection = Field(default_factory=OutputSection)
     data: DataSection = Field(default_factory=DataSection)
     tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
-    masking: MaskingSection = Field(default_factory=MaskingSection)
+    masking: PrepareMaskingSection = Field(default_factory=PrepareMaskingSection)
+
+    @model_validator(mode="after")
+    def _no_option_without_effect(self) -> "DataJobConfig":
+        """Training options with a given tokenizer, masking options without static masks, would be ignored."""
+        trained = changed_from_default(self.tokenizer, ("vocab_size", "character_coverage", "input_sentence_size",
+                                                        "model_type"))
+        if self.tokenizer.path and trained:
+            raise ValueError(f"tokenizer.{', tokenizer.'.join(trained)}: options of training a tokenizer, and "
+                             f"tokenizer.path gives one")
+        masking = changed_from_default(self.masking, MaskingSection.model_fields)
+        if masking and not self.masking.static:
+            raise ValueError(f"masking.{', masking.'.join(masking)}: options of static masks (masking.static: "
+                             "true); pretraining's masking: section sets the masks it draws")
+        return self
 
 
-class PretrainJobConfig(Section):
-    """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
+class TrainingJobConfig(Section):
+    """The sections of every job that trains on Ray Train, tracked in MLflow."""
 
     run: RunSection = Field(default_factory=RunSection)
-    model: ModelSection = Field(default_factory=ModelSection)
-    data: DataSection = Field(default_factory=DataSection)
-    masking: MaskingSection = Field(default_factory=MaskingSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
-    train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+
+
+class PretrainJobConfig(TrainingJobConfig):
+    """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: PretrainDataSection = Field(default_factory=PretrainDataSection)
+    masking: MaskingSection = Field(default_factory=MaskingSection)
+    train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
+
+
+def changed_from_default(section: BaseModel, names) -> list[str]:
+    """Which of the fields `names` of `section` differ from their defaults."""
+    return [name for name in names if getattr(section, name) != type(section).model_fields[name].default]
 
 
 def resolve_path(path: str, base: str | Path | None = None) -> Path:
@@ -337,19 +434,30 @@ def validate_config(cls: type[ConfigT], raw: dict[str, Any], source: str = "conf
     try:
         return cls.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(f"invalid config ({source}): {format_validation_error(err)}") from None
+        raise ConfigError(f"invalid config ({source}): {format_validation_error(err, cls)}") from None
 
 
-def format_validation_error(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError, cls: type[BaseModel] | None = None) -> str:
     problems = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            hint = _key_hint(cls, e["loc"])
+            msg = "unknown key" + (f" ({hint})" if hint else "")
         problems.append(f"{where}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
                                               and not isinstance(e.get("input"), dict) else ""))
     return "; ".join(problems)
+
+
+def _key_hint(cls: type[BaseModel] | None, loc: tuple) -> str | None:
+    """The `key_hints` entry of the section holding the unknown key at `loc`, if any."""
+    for part in loc[:-1]:
+        field = cls.model_fields.get(str(part)) if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+        if field is None:
+            return None
+        cls = field.annotation
+    return cls.key_hints.get(str(loc[-1])) if isinstance(cls, type) and issubclass(cls, Section) else None
 
 
 def flatten(config: BaseModel) -> dict[str, Any]:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from albert_dist.config import (DataJobConfig, DataSection, MaskingSection, ModelSection, PretrainJobConfig,
-                                PretrainTrainSection, RunSection, ScalingSection, Section, TokenizerSection,
-                                TrackingSection)
+from albert_dist.config import (DataJobConfig, ModelSection, PreparationSection, PrepareMaskingSection,
+                                PretrainingTrainSection, PretrainJobConfig, RunSection, ScalingSection, Section,
+                                TokenizerSection, TrackingSection)
 
 # The demo's classification task: does a docstring sentence talk about what a function returns?
 RETURNS_CUE = re.compile(r"\breturns?\b", re.I)
@@ -34,14 +34,14 @@ class DemoJobConfig(Section):
     run: RunSection = Field(default_factory=lambda: RunSection(name="demo", output_dir="runs/demo"))
     corpus_chars: int = Field(600_000, gt=10_000, description="How much docstring text to extract.")
     tokenizer: TokenizerSection = Field(default_factory=lambda: TokenizerSection(vocab_size=3000))
-    data: DataSection = Field(default_factory=lambda: DataSection(format="blocks", max_seq_length=64,
-                                                                  output="data/prepared", eval_fraction=0.05))
-    masking: MaskingSection = Field(default_factory=MaskingSection)
+    data: PreparationSection = Field(default_factory=lambda: PreparationSection(
+        format="blocks", max_seq_length=64, output="data/prepared", eval_fraction=0.05))
+    masking: PrepareMaskingSection = Field(default_factory=PrepareMaskingSection)
     # tiny's shape at a third of its width: four times the steps of tiny in the same minutes on 2 cores
     model: ModelSection = Field(default_factory=lambda: ModelSection(
         hidden_size=128, num_attention_heads=4, intermediate_size=512))
     scaling: ScalingSection = Field(default_factory=lambda: ScalingSection(num_workers=2, cpus_per_worker=0.5))
-    train: PretrainTrainSection = Field(default_factory=lambda: PretrainTrainSection(
+    train: PretrainingTrainSection = Field(default_factory=lambda: PretrainingTrainSection(
         optimizer="adamw", learning_rate=1e-3, max_steps=600, warmup_steps=60, batch_size=16, log_every=100,
         eval_every=200, checkpoint_every=300, eval_batches=8, plateau_warning_after=0.5))
     finetune_steps: int = Field(150, gt=0, description="Steps of each fine-tuning (from the pretrained model and "
@@ -94,18 +94,22 @@ def run_demo(cfg: DemoJobConfig) -> int:
     print(f"[1/6] corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB of standard-library docstrings)")
     ensure_ray()
     run = cfg.run.model_copy(update={"output_dir": str(root)})
-    data = cfg.data.model_copy(update={"inputs": [str(corpus)]})
     print("[2/6] preparing the corpus with Ray Data")
-    run_prepare(DataJobConfig(run=run, data=data, tokenizer=cfg.tokenizer, masking=cfg.masking))
+    run_prepare(DataJobConfig.model_validate({
+        "run": {"output_dir": str(root)}, "data": {**cfg.data.model_dump(), "inputs": [str(corpus)]},
+        "tokenizer": cfg.tokenizer,
+        "masking": cfg.masking}))
 
     print("[3/6] pretraining")
-    pre = pretrain(PretrainJobConfig(run=run, model=cfg.model, data=data, masking=cfg.masking, scaling=cfg.scaling,
-                                     train=cfg.train, tracking=cfg.tracking))
+    pre = pretrain(PretrainJobConfig.model_validate({
+        "run": run, "model": cfg.model, "data": {"output": cfg.data.output},
+        "masking": cfg.masking.model_dump(exclude={"static"}), "scaling": cfg.scaling,
+        "train": cfg.train.model_dump(), "tracking": cfg.tracking}))
 
     print("[4/6] fine-tuning on a task built from the corpus: does a sentence (its word 'returns' removed) say "
           "what a function returns?")
     task_file = write_classification_task(corpus, root / "corpus" / "docstring_sentences.csv")
-    ft_train = {"max_steps": cfg.finetune_steps, "warmup_steps": cfg.finetune_steps // 10, "batch_size": 16,
+    ft_train = {"max_steps": cfg.finetune_steps, "batch_size": 16,
                 "learning_rate": 3e-4, "log_every": 25, "eval_every": 50, "checkpoint_every": cfg.finetune_steps}
     shared = {"data": {"train": str(task_file), "max_seq_length": 64, "dev_fraction": 0.2},
               "scaling": cfg.scaling.model_dump(), "tracking": cfg.tracking.model_dump()}

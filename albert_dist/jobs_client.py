@@ -19,15 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from albert_dist import job_registry
 from albert_dist.errors import AlbertDistError
 from albert_dist.ray_init import WORKER_ENV
 from albert_dist.tracking import is_secret_name, redact_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# `albert-dist submit <job>` -> the module (and arguments) of its entry point under jobs/
-JOB_MODULES = {"prepare_data": ["jobs.prepare_data"], "pretrain": ["jobs.pretrain"], "finetune": ["jobs.finetune"],
-               "distill": ["jobs.distill"], "tune-finetune": ["jobs.tune", "finetune"],
-               "tune-distill": ["jobs.tune", "distill"]}
 DEFAULT_OUTPUT_ROOT = "/mnt/shared/albert-dist"
 # Exit status of `submit --follow` and `jobs status` for each final job status.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 2}
@@ -67,7 +64,7 @@ def client(address: str | None):
 def entrypoint(kind: str, config: str | None, overrides: list[str]) -> str:
     import shlex
 
-    args = ["python", "-m", *JOB_MODULES[kind]]
+    args = ["python", "-m", *job_registry.get(kind).entry]
     if config:
         args += ["--config", _relative_to_repo(config)]
     for item in overrides:
@@ -145,8 +142,8 @@ def submit(kind: str, config: str | None, overrides: list[str], address: str | N
     root = output_root or os.environ.get("ALBERT_DIST_HOME") or DEFAULT_OUTPUT_ROOT
     if not os.path.isabs(root) and "://" not in root:
         raise AlbertDistError(f"the output root must be absolute (a path every node sees), got {root!r}")
-    jobs = client(address)
     command = entrypoint(kind, config, overrides)
+    jobs = client(address)
     if name:
         name = unused_submission_id(jobs, name)
     with staged_checkout([_relative_to_repo(config)] if config else []) as working_dir:

@@ -8,10 +8,10 @@ without it the job stops before doing any work instead of writing where nobody w
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
+from albert_dist import job_registry
 from albert_dist.cli import _add_config_flags
 from albert_dist.config import is_uri, load_config
 from albert_dist.errors import AlbertDistError, ConfigError
@@ -20,17 +20,18 @@ from albert_dist.errors import AlbertDistError, ConfigError
 _RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
-def main(description: str, kind: str, config_class: str, runner: str, argv: list[str] | None = None) -> int:
-    """Parse `--config/--set`, validate into `config_class` and call `runner` ("module:attr" import paths)."""
-    parser = argparse.ArgumentParser(prog=f"python -m jobs.{kind}", description=description)
+def main(name: str, argv: list[str] | None = None) -> int:
+    """Parse `--config/--set`, validate into the registered job's config class and call its runner."""
+    job = job_registry.get(name)
+    parser = argparse.ArgumentParser(prog=f"python -m {' '.join(job.entry)}", description=job.help)
     _add_config_flags(parser)
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(_import(config_class), args.config, args.overrides)
+        cfg = load_config(job.load_config_class(), args.config, args.overrides)
         check_output_root(cfg)
-        return _import(runner)(cfg) or 0
+        return job.load_runner()(cfg) or 0
     except AlbertDistError as err:
-        print(f"jobs.{kind}: error: {err}", file=sys.stderr)
+        print(f"{' '.join(job.entry)}: error: {err}", file=sys.stderr)
         return 2
 
 
@@ -44,11 +45,6 @@ def check_output_root(cfg) -> None:
                           "(albert-dist submit does) or an absolute run.output_dir")
 
 
-def _import(path: str):
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def run(description: str, kind: str, config_class: str, runner: str) -> None:
+def run(name: str) -> None:
     """The `__main__` body of an entry module."""
-    sys.exit(main(description, kind, config_class, runner))
+    sys.exit(main(name))

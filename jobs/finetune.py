@@ -3,5 +3,4 @@
 from jobs._entry import run
 
 if __name__ == "__main__":
-    run(__doc__, "finetune", "albert_dist.finetune.config:FinetuneJobConfig",
-        "albert_dist.finetune.job:run_finetune")
+    run("finetune")

@@ -3,5 +3,4 @@
 from jobs._entry import run
 
 if __name__ == "__main__":
-    run(__doc__, "pretrain", "albert_dist.config:PretrainJobConfig",
-        "albert_dist.pretrain:run_pretrain")
+    run("pretrain")

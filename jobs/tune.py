@@ -2,15 +2,12 @@
 
 import sys
 
+from albert_dist.job_registry import JOBS
 from jobs._entry import run
 
-SWEEPS = {
-    "finetune": ("albert_dist.tune.config:FinetuneTuneConfig", "albert_dist.tune:run_tune_finetune"),
-    "distill": ("albert_dist.tune.config:DistillTuneConfig", "albert_dist.tune:run_tune_distill"),
-}
+SWEEPS = [job.entry[1] for job in JOBS.values() if job.entry[0] == "jobs.tune"]
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in SWEEPS:
         sys.exit(f"usage: python -m jobs.tune {{{','.join(SWEEPS)}}} --config FILE [--set SECTION.FIELD=VALUE]")
-    kind = sys.argv.pop(1)
-    run(__doc__, f"tune {kind}", *SWEEPS[kind])
+    run(f"tune-{sys.argv.pop(1)}")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from albert_dist.config import load_config
-from albert_dist.jobs_client import JOB_MODULES
+from albert_dist.job_registry import JOBS
 from test_jobs_entrypoints import config_class
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def entrypoints() -> list[str]:
 def test_named_entry_points_exist_and_their_configs_validate(command, monkeypatch):
     monkeypatch.chdir(REPO)
     module, *positional, flag, config = shlex.split(command)[2:]
-    assert [module, *positional] in JOB_MODULES.values() and flag == "--config"
+    assert (module, *positional) in [job.entry for job in JOBS.values()] and flag == "--config"
     assert (REPO / config).is_file(), config
     load_config(config_class(Path(config).stem), REPO / config)
     help_text = subprocess.run([sys.executable, "-m", module, *positional, "--help"], cwd=REPO, capture_output=True,

@@ -88,3 +88,65 @@ def test_override_keeps_the_job_s_own_section_defaults():
     cfg = load_config(DemoJobConfig, None, ["run.output_dir=/tmp/x", "train.max_steps=500"])
     assert cfg.run.name == "demo" and cfg.run.output_dir == "/tmp/x"
     assert cfg.train.max_steps == 500 and cfg.train.batch_size == DemoJobConfig().train.batch_size
+
+
+@pytest.mark.parametrize("job, key, hint", [
+    ("finetune", "train.warmup_steps=10", "finetune.warmup_ratio"),
+    ("distill", "train.eval_batches=5", "whole dev set"),
+    ("finetune", "model.preset=base", "model.init_from's"),
+    ("finetune", "model.hidden_size=64", "can change its dropout"),
+    ("pretrain", "data.format=blocks", "data prepare"),
+    ("pretrain", "data.inputs=[a.txt]", "data prepare"),
+    ("pretrain", "masking.static=true", "data prepare's masking.static"),
+    ("prepare_data", "data.cache=memory", None),
+    ("prepare_data", "run.name=prepare", "data.output"),
+    ("prepare_data", "run.seed=1", "data.seed"),
+    ("demo", "data.inputs=[a.txt]", None),
+    ("demo", "train.lr_range_test=true", "albert-dist pretrain's"),
+])
+def test_keys_a_job_does_not_read_are_unknown_with_a_hint(job, key, hint):
+    """A key another job reads is refused by a job that would ignore it, and the message says where it belongs."""
+    from albert_dist.job_registry import JOBS
+
+    name = key.partition("=")[0]
+    with pytest.raises(ConfigError) as err:
+        load_config(JOBS[job].load_config_class(), None, [key])
+    assert f"{name}: unknown key" + (" (" if hint else "") in str(err.value)
+    assert hint is None or hint in str(err.value)
+
+
+def test_fine_tuning_length_is_epochs_or_max_steps_not_both():
+    from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
+
+    assert load_config(FinetuneJobConfig).finetune.epochs == 3 and FinetuneJobConfig().train.max_steps is None
+    cfg = load_config(DistillJobConfig, None, ["finetune.epochs=", "train.max_steps=40"])
+    assert (cfg.finetune.epochs, cfg.train.max_steps) == (None, 40)
+    for overrides in (["train.max_steps=40"], ["finetune.epochs="]):
+        with pytest.raises(ConfigError, match="give the training length once"):
+            load_config(FinetuneJobConfig, None, overrides)
+
+
+def test_pretraining_from_a_model_keeps_its_shape():
+    assert load_config(PretrainJobConfig, None, ["model.init_from=/m"]).model.overrides() == {}
+    with pytest.raises(ConfigError, match=r"model: hidden_size cannot be set with init_from"):
+        load_config(PretrainJobConfig, None, ["model.init_from=/m", "model.hidden_size=64"])
+
+
+def test_preparation_refuses_options_it_would_not_use():
+    """With a given tokenizer its training options, and without static masks the masking options, do nothing."""
+    assert load_config(DataJobConfig, None, ["tokenizer.path=/tok", "masking.static=true",
+                                             "masking.mlm_probability=0.2"]).masking.mlm_probability == 0.2
+    with pytest.raises(ConfigError, match=r"tokenizer\.vocab_size: options of training a tokenizer"):
+        load_config(DataJobConfig, None, ["tokenizer.path=/tok", "tokenizer.vocab_size=500"])
+    with pytest.raises(ConfigError, match=r"masking\.max_ngram, masking\.whole_word: options of static masks"):
+        load_config(DataJobConfig, None, ["masking.max_ngram=1", "masking.whole_word=false"])
+
+
+def test_distillation_is_a_classification_without_a_task_key():
+    from albert_dist.finetune.config import DistillJobConfig
+
+    assert load_config(DistillJobConfig).finetune.best_metric == "accuracy"
+    with pytest.raises(ConfigError, match=r"finetune\.task: unknown key \(distillation is a classification"):
+        load_config(DistillJobConfig, None, ["finetune.task=classification"])
+    with pytest.raises(ConfigError, match="metric pearson does not apply to classification"):
+        load_config(DistillJobConfig, None, ["finetune.metric=pearson"])

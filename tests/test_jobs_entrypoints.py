@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from albert_dist import jobs_client
+from albert_dist.cli import build_parser
+from albert_dist.job_registry import JOBS, Job
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 from albert_dist.errors import AlbertDistError, ConfigError
 
@@ -60,12 +63,41 @@ def test_pretraining_presets_build_their_models():
         assert (cfg.run.output_dir, cfg.data.output) == (prepare.run.output_dir, prepare.data.output)
 
 
-@pytest.mark.parametrize("job", jobs_client.JOB_MODULES)
+@pytest.mark.parametrize("job", JOBS.values(), ids=lambda job: job.name)
 def test_entry_point_help(job):
-    out = subprocess.run([sys.executable, "-m", *jobs_client.JOB_MODULES[job], "--help"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", *job.entry, "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "--config" in out.stdout and "--set" in out.stdout
+    assert "--config" in out.stdout and "--set" in out.stdout and job.help in " ".join(out.stdout.split())
+
+
+@pytest.mark.parametrize("job", JOBS.values(), ids=lambda job: job.name)
+def test_every_registered_job_has_its_entry_module_cli_command_and_submit_entrypoint(job):
+    """The registry is the one job list: each job's jobs/ module exists, its CLI command loads its config class
+    and calls its runner, and submit runs its entry module."""
+    assert (REPO / (job.entry[0].replace(".", "/") + ".py")).is_file()
+    sweep_space = ["search_space={train.learning_rate: {choice: [1e-5]}}"] if job.command[0] == "tune" else []
+    overrides = ["run.output_dir=elsewhere", *sweep_space]
+    args = build_parser().parse_args([*job.command, *(f"--set={item}" for item in overrides)])
+    called = {}
+    with pytest.MonkeyPatch.context() as patch:  # the runners' modules import torch and Ray: read, not imported
+        patch.setattr(Job, "load_runner", lambda self: lambda cfg: called.update(job=self, cfg=cfg) or 0)
+        assert args.handler(args) == 0
+    assert called["job"] is job and type(called["cfg"]) is job.load_config_class()
+    assert called["cfg"].run.output_dir == "elsewhere"
+    module, _, runner = job.runner.partition(":")
+    assert f"\ndef {runner}(" in Path(importlib.util.find_spec(module).origin).read_text()
+    assert build_parser().parse_args(["submit", job.name]).job == job.name
+    assert jobs_client.entrypoint(job.name, None, []) == "python -m " + " ".join(job.entry)
+
+
+def test_an_unknown_job_is_refused_naming_the_registered_ones(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["submit", "pretrian"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'pretrian'" in err and all(f"'{name}'" in err for name in JOBS)
+    with pytest.raises(AlbertDistError, match="unknown job 'pretrian'; the jobs are: " + ", ".join(JOBS)):
+        jobs_client.submit("pretrian", None, [], None, output_root="/mnt/x")
 
 
 def test_entry_point_reports_config_errors_in_one_line():

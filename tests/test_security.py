@@ -29,7 +29,7 @@ from process_helpers import is_loopback, listeners_of, process_tree
 from test_tracking import free_port, start_server, stop_server
 
 from albert_dist import jobs_client
-from albert_dist.config import DataJobConfig, load_config
+from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 from albert_dist.data.prepare import prepare_dataset
 from albert_dist.errors import AlbertDistError, ConfigError
 
@@ -259,8 +259,8 @@ def test_a_tracking_password_is_not_sent_with_a_job():
 @pytest.mark.parametrize("name", ["../x", "/tmp/x", ".", "..", "a/b", "a\\b"])
 def test_a_run_name_cannot_leave_the_output_dir(name):
     with pytest.raises(ConfigError, match="run.name: not a plain directory name"):
-        load_config(DataJobConfig, None, [f"run.name={name}"])
-    assert load_config(DataJobConfig, None, ["run.name=..a.b-c"]).run.run_dir.name == "..a.b-c"
+        load_config(PretrainJobConfig, None, [f"run.name={name}"])
+    assert load_config(PretrainJobConfig, None, ["run.name=..a.b-c"]).run.run_dir.name == "..a.b-c"
 
 
 HOLD_LOCK = """

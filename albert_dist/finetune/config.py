@@ -8,21 +8,25 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from albert_dist.config import (
-    ModelSection,
+    PretrainedModelSection,
     RunSection,
-    ScalingSection,
     Section,
-    TrackingSection,
-    TrainSection,
+    TrainBase,
+    TrainingJobConfig,
 )
 
 LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")
 
 
-class FinetuneTrainSection(TrainSection):
-    """TrainSection with google's GLUE recipe as defaults (AdamW, lr in 1e-5..5e-5), so that a partial `train:`
-    section in YAML keeps them; max_steps and warmup_steps are derived from finetune.epochs/warmup_ratio."""
+class FinetuneTrainSection(TrainBase):
+    """The loop's settings with google's GLUE recipe as defaults (AdamW, lr in 1e-5..5e-5), so that a partial
+    `train:` section in YAML keeps them. The warmup is finetune.warmup_ratio of the steps, which are
+    finetune.epochs or, with epochs empty, max_steps; the dev set is evaluated whole."""
 
+    key_hints = {"warmup_steps": "fine-tuning warms up for finetune.warmup_ratio of the steps",
+                 "eval_batches": "fine-tuning evaluates the whole dev set, in batches of finetune.eval_batch_size"}
+
+    max_steps: int | None = Field(None, gt=0, description="The number of steps when finetune.epochs is empty.")
     optimizer: Literal["lamb", "adamw"] = "adamw"
     learning_rate: float = Field(3e-5, gt=0)
     batch_size: int = Field(32, gt=0, description="Per worker, per micro-batch.")
@@ -58,8 +62,9 @@ class TaskDataSection(Section):
                                                     "padding; false: plain random batches.")
 
 
-class FinetuneSection(Section):
-    """What fine-tuning adds to the training loop: task kind, epochs, ALBERT-aware learning rates, early stopping.
+class TaskTrainingSection(Section):
+    """What fine-tuning and distillation add to the training loop: epochs, ALBERT-aware learning rates, early
+    stopping; distillation's `finetune:` (a classification, as its teacher).
 
     Learning-rate scales multiply `train.learning_rate` per parameter group: `head` (classifier + pooler),
     `group0..group{G-1}` (ALBERT's shared layer groups) and `embeddings` (incl. the E→H mapping). With
@@ -67,8 +72,9 @@ class FinetuneSection(Section):
     single groups; 0 freezes one.
     """
 
-    task: Literal["classification", "regression"] = "classification"
-    epochs: float | None = Field(3.0, gt=0, description="Sets train.max_steps; empty keeps train.max_steps.")
+    key_hints = {"task": "distillation is a classification, with the teacher's labels"}
+
+    epochs: float | None = Field(3.0, gt=0, description="Sets the number of steps; empty: train.max_steps does.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of the steps warming up (sets warmup_steps).")
     layer_lr_decay: float = Field(1.0, gt=0, le=1)
     lr_scales: dict[str, float] = Field(default_factory=dict)
@@ -87,29 +93,51 @@ class FinetuneSection(Section):
                 raise ValueError(f"lr scale of {name} must be >= 0, got {scale}")
         return scales
 
+    @property
+    def task_kind(self) -> str:
+        """finetune.task; distillation's section has none: it is a classification."""
+        return getattr(self, "task", "classification")
+
     @model_validator(mode="after")
-    def _metric_fits_task(self) -> "FinetuneSection":
+    def _metric_fits_task(self) -> "TaskTrainingSection":
         kinds = {"accuracy": "classification", "f1": "classification", "mcc": "classification",
                  "pearson": "regression", "spearman": "regression"}
-        if kinds.get(self.metric or "loss", self.task) != self.task:
-            raise ValueError(f"metric {self.metric} does not apply to {self.task}")
+        if kinds.get(self.metric or "loss", self.task_kind) != self.task_kind:
+            raise ValueError(f"metric {self.metric} does not apply to {self.task_kind}")
         return self
 
     @property
     def best_metric(self) -> str:
-        return self.metric or ("pearson" if self.task == "regression" else "accuracy")
+        return self.metric or ("pearson" if self.task_kind == "regression" else "accuracy")
 
 
-class FinetuneJobConfig(Section):
+class FinetuneSection(TaskTrainingSection):
+    """Fine-tuning's `finetune:`: the task kind too."""
+
+    task: Literal["classification", "regression"] = "classification"
+
+
+class TaskJobConfig(TrainingJobConfig):
+    """What fine-tuning and distillation share; the training length is finetune.epochs or train.max_steps."""
+
+    data: TaskDataSection = Field(default_factory=TaskDataSection)
+    finetune: TaskTrainingSection = Field(default_factory=TaskTrainingSection)
+
+    @model_validator(mode="after")
+    def _one_training_length(self) -> "TaskJobConfig":
+        if (self.finetune.epochs is None) == (self.train.max_steps is None):
+            raise ValueError("give the training length once: finetune.epochs, or train.max_steps with "
+                             "finetune.epochs empty (null)")
+        return self
+
+
+class FinetuneJobConfig(TaskJobConfig):
     """`albert-dist finetune`: `model.init_from` is the pretrained model directory (ours or transformers')."""
 
     run: RunSection = Field(default_factory=lambda: RunSection(name="finetune"))
-    model: ModelSection = Field(default_factory=ModelSection)
-    data: TaskDataSection = Field(default_factory=TaskDataSection)
+    model: PretrainedModelSection = Field(default_factory=PretrainedModelSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
-    scaling: ScalingSection = Field(default_factory=ScalingSection)
     train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
 
 class StudentSection(Section):
@@ -153,14 +181,10 @@ class DistillSection(Section):
     speed_repeats: int = Field(20, gt=0)
 
 
-class DistillJobConfig(Section):
+class DistillJobConfig(TaskJobConfig):
     """`albert-dist distill`: the teacher's dir carries the tokenizer and the label names."""
 
     run: RunSection = Field(default_factory=lambda: RunSection(name="distill"))
     distill: DistillSection = Field(default_factory=DistillSection)
     student: StudentSection = Field(default_factory=StudentSection)
-    data: TaskDataSection = Field(default_factory=TaskDataSection)
-    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
-    scaling: ScalingSection = Field(default_factory=ScalingSection)
     train: DistillTrainSection = Field(default_factory=DistillTrainSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)

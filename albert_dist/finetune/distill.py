@@ -205,7 +205,7 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
     inference speedup on the same batch, machine and precision."""
     metric = cfg.finetune.best_metric
     dev = task_data.splits["dev"]
-    evaluate = dict(task=cfg.finetune.task, batch_size=cfg.finetune.eval_batch_size,
+    evaluate = dict(task="classification", batch_size=cfg.finetune.eval_batch_size,
                     pad_to_multiple_of=cfg.data.pad_to_multiple_of, precision=cfg.train.precision)
     t_metrics, s_metrics = inference.evaluate(teacher, dev, **evaluate), inference.evaluate(student, dev, **evaluate)
     batch = next(data.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
@@ -237,8 +237,6 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
     teacher_dir = cfg.distill.teacher
     if not teacher_dir:
         raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
-    if cfg.finetune.task != "classification":
-        raise ConfigError("distillation needs a classification teacher (finetune.task=classification)")
     teacher = AlbertForSequenceClassification.from_pretrained(teacher_dir)
     names = [teacher.config.id2label[i] for i in range(teacher.config.num_labels)]
     task_data = job.prepare_task_data(cfg.data, "classification", teacher_dir, label_names=names)

@@ -14,17 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist import run_lock, tracking
-from albert_dist.config import TrainSection, dump_yaml, flatten
+from albert_dist.config import TrainBase, TrainSection, dump_yaml, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference
-from albert_dist.finetune.config import FinetuneJobConfig, FinetuneSection, TaskDataSection
+from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train import checkpointing
-
-DROPOUT_FIELDS = {"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout_prob"}
-
 
 @dataclass
 class TaskData:
@@ -59,7 +56,7 @@ def label_overrides(task: str, label_names: list[str] | None) -> dict[str, Any]:
             "id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
 
 
-def schedule(train: TrainSection, finetune: FinetuneSection, num_train: int, num_workers: int
+def schedule(train: TrainBase, finetune: TaskTrainingSection, num_train: int, num_workers: int
              ) -> tuple[TrainSection, int]:
     """`train` with max_steps from the epochs and warmup_steps = warmup_ratio × max_steps; and the number of
     micro-batches per epoch (global batches of `batch_size × num_workers` rows, the last partial one dropped)."""
@@ -113,7 +110,7 @@ def log_final_model(cfg, uri: str, run_id: str, model_dir: Path, step: int) -> N
     mlflow_models.log_model(uri, run_id, model_dir, model, step=step, register_as=cfg.tracking.register_model)
 
 
-def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: FinetuneSection, train: TrainSection,
+def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: TaskTrainingSection, train: TrainSection,
                 data_section: TaskDataSection, per_epoch: int, seed: int, model_overrides: dict[str, Any],
                 **extra: Any) -> dict[str, Any]:
     """What the workers' task needs (plain values only: it travels to every worker)."""
@@ -182,10 +179,6 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
     init_from = cfg.model.init_from
     if not init_from:
         raise ConfigError("model.init_from is not set: give the pretrained model directory")
-    structural = set(cfg.model.overrides()) - DROPOUT_FIELDS
-    if structural:
-        raise ConfigError(f"model.{sorted(structural)[0]} cannot change when fine-tuning {init_from}; "
-                          f"only dropout can")
     task = cfg.finetune.task
     task_data = prepare_task_data(cfg.data, task, init_from)
     train, per_epoch = schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)

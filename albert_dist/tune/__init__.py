@@ -4,7 +4,3 @@ config: sweep configs · space: search-space distributions, validation, sampled 
 one trial = one run of the job's driver on Ray Train · mlflow_runs: parent/child runs · report: the trials table,
 CSV and plot · sweep: runs (or resumes) a sweep and publishes its best trial.
 """
-
-from albert_dist.tune.sweep import run_tune_distill, run_tune_finetune
-
-__all__ = ["run_tune_finetune", "run_tune_distill"]

@@ -18,7 +18,7 @@ from albert_dist.tracking import redact_url
 from albert_dist.finetune.distill import PROJECTION_FILE
 from albert_dist.train.loop import replace_dir_atomically
 from albert_dist.tune import mlflow_runs, report, space
-from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig, TuneJobConfig
+from albert_dist.tune.config import TuneJobConfig
 from albert_dist.tune.trainable import TrialSetup, run_trial
 
 
@@ -101,7 +101,8 @@ def publish(cfg: TuneJobConfig, results, uri: str, parent_id: str) -> SweepOutco
     return SweepOutcome(rows, best, best_config, best_model, uri, parent_id)
 
 
-def _run(cfg: TuneJobConfig) -> int:
+def run_tune(cfg: TuneJobConfig) -> int:
+    """`albert-dist tune finetune|distill`: run the sweep, print its table and where its results are."""
     outcome = run_sweep(cfg)
     print(report.table(outcome.rows))
     best = outcome.best
@@ -111,10 +112,3 @@ def _run(cfg: TuneJobConfig) -> int:
     print(f"MLflow parent run {outcome.parent_run_id} at {redact_url(outcome.tracking_uri)}")
     return 0
 
-
-def run_tune_finetune(cfg: FinetuneTuneConfig) -> int:
-    return _run(cfg)
-
-
-def run_tune_distill(cfg: DistillTuneConfig) -> int:
-    return _run(cfg)
