@@ -4,6 +4,9 @@ one, complete, at every moment.
 A publish writes a temporary copy beside its target, named `.TARGET.publish.HOST.PID.UUID`, then renames it over
 the target. Each publish first removes the copies earlier publishes of the same target left behind when their
 process died (this host, a pid no longer running); copies of publishes still running are left alone.
+
+Files are fsynced before the rename, so after a power loss the target holds the old or the new content, complete
+(directories are not: the rename itself may be lost, leaving the old version).
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ def publish_file(path: str | Path, write: Callable[[Path], object], *,
         write(tmp)
         _fsync(tmp)
         os.replace(tmp, path)
-    _fsync(path.parent)
     return path
 
 
@@ -78,9 +80,7 @@ def publishing_dir(target: str | Path, *, error: type[AlbertDistError] = AlbertD
         for directory, _, names in os.walk(staging):
             for name in names:
                 _fsync(Path(directory, name))
-            _fsync(Path(directory))
         _swap_in(staging, target)
-    _fsync(target.parent)
 
 
 @contextlib.contextmanager
