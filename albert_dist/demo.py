@@ -25,6 +25,7 @@ from pydantic import Field
 from albert_dist.config import (DataJobConfig, ModelSection, PreparationSection, PrepareMaskingSection,
                                 PretrainingTrainSection, PretrainJobConfig, RunSection, ScalingSection, Section,
                                 TokenizerSection, TrackingSection)
+from albert_dist.files import publish_dir, publish_file
 
 # The demo's classification task: does a docstring sentence talk about what a function returns?
 RETURNS_CUE = re.compile(r"\breturns?\b", re.I)
@@ -67,13 +68,13 @@ def write_classification_task(corpus: Path, path: Path, per_class: int = 900, se
     size = min(per_class, *(len(v) for v in by_label.values()))
     rows = [(text, label) for label, texts in by_label.items() for text in rng.sample(texts, size)]
     rng.shuffle(rows)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["text", "label"])
-        writer.writerows(rows)
-    tmp.replace(path)
-    return path
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text", "label"])
+            writer.writerows(rows)
+
+    return publish_file(path, write)
 
 
 def run_demo(cfg: DemoJobConfig) -> int:
@@ -152,7 +153,6 @@ def _random_init(pretrained: Path, root: Path, seed: int) -> Path:
 
     from albert_dist.model import AlbertConfig, AlbertForPreTraining
     from albert_dist.tokenizer import load_tokenizer
-    from albert_dist.train.loop import replace_dir_atomically
 
     torch.manual_seed(seed)
     model = AlbertForPreTraining(AlbertConfig.from_json_file(pretrained / "config.json"))
@@ -162,8 +162,7 @@ def _random_init(pretrained: Path, root: Path, seed: int) -> Path:
         model.save_pretrained(directory)
         load_tokenizer(pretrained).save(directory)
 
-    replace_dir_atomically(target, write)
-    return target
+    return publish_dir(target, write)
 
 
 def _sweep(cfg: DemoJobConfig, ft_cfg, root: Path) -> str:

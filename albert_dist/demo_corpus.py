@@ -14,6 +14,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from albert_dist.files import publish_text
+
 # Modules that print, open windows or have import-time side effects.
 _SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3", "ensurepip",
          "venv", "pydoc_data", "xxsubtype", "xxlimited", "_xxtestfuzz", "__main__", "__phello__"}
@@ -72,9 +74,4 @@ def stdlib_documents(max_chars: int | None = None) -> list[str]:
 
 def write_stdlib_corpus(path: str | Path, max_chars: int | None = 2_000_000) -> Path:
     """Write the documents, one per blank-line separated block (format `blocks`), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n\n".join(stdlib_documents(max_chars)) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return publish_text(path, "\n\n".join(stdlib_documents(max_chars)) + "\n")

@@ -1,10 +1,36 @@
-"""Small file helpers shared by the data pipeline and checkpointing."""
+"""Small file helpers: checksums, and publishing a file or a directory so that readers see the old or the new
+one, complete, at every moment.
+
+A publish writes a temporary copy beside its target, named `.TARGET.publish.HOST.PID.UUID`, then renames it over
+the target. Each publish first removes the copies earlier publishes of the same target left behind when their
+process died (this host, a pid no longer running); copies of publishes still running are left alone.
+
+Files are fsynced before the rename, so after a power loss the target holds the old or the new content, complete
+(directories are not: the rename itself may be lost, leaving the old version).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import hashlib
+import os
+import re
+import shutil
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from albert_dist.errors import AlbertDistError, disk_full_errors
+
+_HOST = socket.gethostname()
+_IN_FLIGHT: set[str] = set()  # this process's temporary copies still being written (other threads' included)
+_IN_FLIGHT_LOCK = threading.Lock()
 
 
 def sha256_file(path: str | Path) -> str:
@@ -19,3 +45,135 @@ def sha256_stream(stream: BinaryIO) -> str:
     for block in iter(lambda: stream.read(1 << 20), b""):
         digest.update(block)
     return digest.hexdigest()
+
+
+def publish_file(path: str | Path, write: Callable[[Path], object], *,
+                 error: type[AlbertDistError] = AlbertDistError) -> Path:
+    """`write(tmp)` creates a file at `tmp` beside `path`; it is fsynced and renamed over `path`. A full disk is
+    reported as one `error` naming `path`; on any failure `path` keeps what it held."""
+    path = Path(path)
+    with disk_full_errors(str(path), error), _temporary(path) as tmp:
+        write(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    return path
+
+
+def publish_bytes(path: str | Path, data: bytes | memoryview, **kwargs) -> Path:
+    return publish_file(path, lambda tmp: tmp.write_bytes(data), **kwargs)
+
+
+def publish_text(path: str | Path, text: str, **kwargs) -> Path:
+    return publish_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), **kwargs)
+
+
+def publish_dir(target: str | Path, write: Callable[[Path], object], *,
+                error: type[AlbertDistError] = AlbertDistError) -> Path:
+    """`write(staging)` fills an empty staging directory beside `target`, which then replaces `target`."""
+    with publishing_dir(target, error=error) as staging:
+        write(staging)
+    return Path(target)
+
+
+@contextlib.contextmanager
+def publishing_dir(target: str | Path, *, error: type[AlbertDistError] = AlbertDistError) -> Iterator[Path]:
+    """An empty staging directory beside `target`; when the block ends without an exception, its files are
+    fsynced and it replaces `target` (see `_swap_in`), else it is removed and `target` keeps what it held."""
+    target = Path(target)
+    with disk_full_errors(str(target), error), _temporary(target) as staging:
+        staging.mkdir()
+        yield staging
+        for directory, _, names in os.walk(staging):
+            for name in names:
+                _fsync(Path(directory, name))
+        _swap_in(staging, target)
+
+
+@contextlib.contextmanager
+def _temporary(target: Path) -> Iterator[Path]:
+    """A fresh temporary name beside `target` (crashed publishes' leftovers removed first), deleted at the end
+    unless something was renamed over `target` from it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(target)
+    tmp = _temp_name(target)
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT.add(str(tmp))
+    try:
+        yield tmp
+    finally:
+        _remove(tmp)  # a half-written copy, or the old target swapped out
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.discard(str(tmp))
+
+
+def _temp_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.publish.{_HOST}.{os.getpid()}.{uuid.uuid4().hex}")
+
+
+def _remove_stale(target: Path) -> None:
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.publish\.(?P<host>[^/]+)\.(?P<pid>\d+)\.[0-9a-f]{{32}}")
+    with _IN_FLIGHT_LOCK:
+        in_flight = set(_IN_FLIGHT)
+    for entry in os.scandir(target.parent):
+        match = pattern.fullmatch(entry.name)
+        if match and match["host"] == _HOST and entry.path not in in_flight and not _alive(int(match["pid"])):
+            _remove(Path(entry.path))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # not in flight here (checked by the caller): left by a failed cleanup or by a reused pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
+
+
+def _remove(path: Path) -> None:
+    """Remove a file or a directory tree; what cannot be removed is a stale leftover the next publish retries."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if sys.platform == "linux" else None
+if _renameat2 is not None:
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Put `staging` at `target`; the old target, if any, ends up at `staging`'s name.
+
+    On Linux both are swapped in one `renameat2(RENAME_EXCHANGE)`, so `target` never goes missing. Where that is
+    unavailable (another OS, an old libc or kernel, a filesystem without it), the old target is renamed aside
+    first: for a moment between the two renames there is no `target`.
+    """
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(staging), _AT_FDCWD, os.fsencode(target), _RENAME_EXCHANGE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code == errno.ENOENT and not os.path.lexists(target):
+            os.rename(staging, target)  # nothing to swap with: the first publish
+            return
+        if code not in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise OSError(code, os.strerror(code), str(staging), None, str(target))
+    aside = _temp_name(target)  # a crash before the old copy is removed leaves a stale leftover, not a blocker
+    if os.path.lexists(target):
+        os.rename(target, aside)
+    os.rename(staging, target)
+    _remove(aside)

@@ -18,10 +18,11 @@ import torch
 from albert_dist import mlflow_models, run_lock, tracking
 from albert_dist.config import PretrainJobConfig, dump_yaml, flatten, resolve_path
 from albert_dist.errors import ConfigError
+from albert_dist.files import publish_dir
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 from albert_dist.train import checkpointing
 from albert_dist.train.feed import rank_batches
-from albert_dist.train.loop import TrainingTask, replace_dir_atomically
+from albert_dist.train.loop import TrainingTask
 
 SHUFFLE_BUFFER = 2048
 EVAL_MASK_STREAM = 7919  # seeds the held-out masks apart from any training batch's
@@ -188,7 +189,7 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
         tracking.finish_run(uri, run_id, "FAILED")
         raise
     model_dir = run_dir / "model"
-    replace_dir_atomically(model_dir, lambda d: shutil.copytree(result.checkpoint_dir / "model", d,
+    publish_dir(model_dir, lambda d: shutil.copytree(result.checkpoint_dir / "model", d,
                                                                 dirs_exist_ok=True))
     tracking.log_artifacts(uri, run_id, model_dir, "model")
     mlflow_models.log_model(uri, run_id, model_dir, mlflow_models.EncoderModel(), step=int(result.metrics["step"]),

@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import shutil
 import tempfile
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,6 +26,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from albert_dist.errors import TokenizerError
+from albert_dist.files import publish_bytes, publish_file
 
 SPIECE_FILE = "spiece.model"
 SPIECE_VOCAB_FILE = "spiece.vocab"
@@ -80,14 +82,14 @@ def train_sentencepiece(
     if not lines:
         raise TokenizerError(f"empty corpus: no non-blank lines in {', '.join(map(str, paths))}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".spiece-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="albert-spiece-") as tmp:
         prefix = Path(tmp) / "spiece"
         _run_trainer(lines, prefix, vocab_size, character_coverage=character_coverage,
                      model_type=model_type, seed=seed, paths=paths)
         # The model last: its presence means the pair is complete.
-        os.replace(prefix.with_suffix(".vocab"), out_dir / SPIECE_VOCAB_FILE)
-        os.replace(prefix.with_suffix(".model"), out_dir / SPIECE_FILE)
+        for suffix, name in ((".vocab", SPIECE_VOCAB_FILE), (".model", SPIECE_FILE)):
+            publish_file(out_dir / name, lambda tmp: shutil.copyfile(prefix.with_suffix(suffix), tmp),
+                         error=TokenizerError)
     progress(f"sentencepiece: wrote {out_dir / SPIECE_FILE} ({vocab_size} pieces)")
     return out_dir / SPIECE_FILE
 
@@ -278,7 +280,7 @@ class _SentencePieceBackend:
         return token.startswith(SPIECE_UNDERLINE)
 
     def save_files(self, out_dir: Path) -> None:
-        _atomic_write(out_dir / SPIECE_FILE, self._proto)
+        publish_bytes(out_dir / SPIECE_FILE, self._proto)
 
     def tokenizer_config(self) -> dict:
         return {"tokenizer_class": "AlbertTokenizer", "do_lower_case": True, "remove_space": True,
@@ -349,7 +351,7 @@ class _WordPieceBackend:
         return not token.startswith("##")
 
     def save_files(self, out_dir: Path) -> None:
-        _atomic_write(out_dir / WORDPIECE_FILE, "".join(t + "\n" for t in self._tokens).encode("utf-8"))
+        publish_bytes(out_dir / WORDPIECE_FILE, "".join(t + "\n" for t in self._tokens).encode("utf-8"))
 
     @staticmethod
     def tokenizer_config() -> dict:
@@ -530,8 +532,8 @@ class AlbertTokenizer:
         specials["mask_token"] = {"content": specials["mask_token"], "lstrip": self.kind == "sentencepiece",
                                   "rstrip": False, "normalized": False, "single_word": False}
         config = {**self._backend.tokenizer_config(), **specials, "model_max_length": MODEL_MAX_LENGTH}
-        _atomic_write(out_dir / "tokenizer_config.json", _json_bytes(config))
-        _atomic_write(out_dir / "special_tokens_map.json", _json_bytes(specials))
+        publish_bytes(out_dir / "tokenizer_config.json", _json_bytes(config))
+        publish_bytes(out_dir / "special_tokens_map.json", _json_bytes(specials))
         return out_dir
 
 
@@ -571,12 +573,3 @@ def _json_bytes(obj: dict) -> bytes:
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

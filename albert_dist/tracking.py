@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from albert_dist.files import publish_text
+
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"
@@ -57,10 +59,7 @@ def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path, run_n
         except Exception:  # noqa: BLE001 - a run deleted from the store: start a new one
             log.warning("MLflow run %s recorded in %s no longer exists; starting a new run", run_id, id_file)
     run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags={**default_tags(), **tags})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = id_file.with_name(id_file.name + ".tmp")
-    tmp.write_text(run.info.run_id)
-    tmp.replace(id_file)
+    publish_text(id_file, run.info.run_id)
     return run.info.run_id
 
 

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from albert_dist.errors import AlbertDistError, CheckpointError, DataError
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.train import checkpointing
-from albert_dist.train.loop import Trainer, WorkerEnv, replace_dir_atomically
+from albert_dist.files import publish_dir
+from albert_dist.train.loop import Trainer, WorkerEnv
 from test_data_support import english_tokenizer  # noqa: F401 - fixture
 from test_loop import Checkpoints, KeywordTask, settings
 
@@ -61,12 +62,12 @@ def assert_same_weights(directory: Path, expected: dict[str, torch.Tensor]) -> N
 
 def test_model_written_to_a_full_disk_fails_clearly_and_keeps_the_previous_one(small_disk):
     target = small_disk / "best"
-    replace_dir_atomically(target, tiny_classifier(0).save_pretrained)
+    publish_dir(target, tiny_classifier(0).save_pretrained)
     before = load_file(target / "model.safetensors")
     fill(small_disk)
     newer = tiny_classifier(1)
     with pytest.raises(AlbertDistError, match=f"no space left on device while writing {target}"):
-        replace_dir_atomically(target, newer.save_pretrained)  # the way the best model is replaced
+        publish_dir(target, newer.save_pretrained)  # the way the best model is replaced
     with pytest.raises(CheckpointError, match=f"no space left on device while writing {target}/model.safetensors"):
         newer.save_pretrained(target)  # in place: file by file, each atomically
     assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "best"]

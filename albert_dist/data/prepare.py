@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -30,7 +29,7 @@ from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, Docum
                                       document_sentences, summarize_counts)
 from albert_dist.data.readers import filesystem, read_documents, resolve_inputs
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
-from albert_dist.files import sha256_file
+from albert_dist.files import publishing_dir, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -303,35 +302,25 @@ def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, su
 def _staging(location: str):
     """A local staging directory, published to `location` on success (replacing what was there), else removed.
 
-    Local outputs are staged next to the target and renamed; URIs are staged locally, uploaded beside the
-    target, then moved over it.
+    Local outputs are staged next to the target and swapped in (`files.publishing_dir`); URIs are staged locally,
+    uploaded beside the target, then moved over it.
     """
-    if is_uri(location):
+    with disk_full_errors(f"the prepared data for {location}", DataError):
+        if not is_uri(location):
+            with publishing_dir(location, error=DataError) as stage:
+                yield stage
+            return
         stage = Path(tempfile.mkdtemp(prefix="albert-data-"))
-    else:
-        target = Path(location)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        stage = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-        stage.mkdir()
-    try:
-        with disk_full_errors(f"the prepared data for {location}", DataError):
+        try:
             yield stage
-            _publish(stage, location)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+            _upload(stage, location)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
 
 
-def _publish(stage: Path, location: str) -> None:
+def _upload(stage: Path, location: str) -> None:
     import pyarrow.fs as pafs
 
-    if not is_uri(location):
-        target = Path(location)
-        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        if target.exists():
-            os.replace(target, old)
-        os.replace(stage, target)
-        shutil.rmtree(old, ignore_errors=True)
-        return
     fs, path = filesystem(location)
     upload = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     pafs.copy_files(str(stage), upload, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from albert_dist import run_lock, tracking
 from albert_dist.config import dump_yaml, flatten
 from albert_dist.errors import ConfigError
+from albert_dist.files import publish_dir
 from albert_dist.finetune import data, inference, job
 from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.task import SequenceClassificationTask
@@ -35,7 +36,6 @@ from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.model.checkpoint import load_config
 from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
-from albert_dist.train.loop import replace_dir_atomically
 
 PROJECTION_FILE = "distill_projection.safetensors"
 
@@ -247,7 +247,7 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
                                           tags=job.lineage_tags("distill", teacher_dir))
     student_init = run_dir / "student_init"
     student = build_student(teacher, cfg, teacher_dir)
-    replace_dir_atomically(student_init, lambda d: save_with_tokenizer(student, teacher_dir, d))
+    publish_dir(student_init, lambda d: save_with_tokenizer(student, teacher_dir, d))
     tracking.log_params(uri, run_id, {**flatten(cfg), "train.derived_max_steps": train.max_steps,
                                       "train.derived_warmup_steps": train.warmup_steps,
                                       "student.num_parameters": parameter_count(student),
@@ -269,7 +269,7 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
                               task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=best_dir,
                               callbacks=callbacks)
     model_dir = run_dir / "model"
-    replace_dir_atomically(model_dir, lambda d: shutil.copytree(
+    publish_dir(model_dir, lambda d: shutil.copytree(
         best_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
     student = AlbertForSequenceClassification.from_pretrained(model_dir)
     values = compare(teacher, student, task_data, cfg)

@@ -10,14 +10,13 @@ written to a temporary file beside the target, then renamed, so it appears whole
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from albert_dist.errors import DataError
+from albert_dist.files import publish_file
 from albert_dist.finetune import data, inference
 from albert_dist.model.checkpoint import load_config
 
@@ -111,10 +110,7 @@ def _write_atomically(table: pa.Table, path: Path, kind: str) -> None:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
+    def write(tmp: Path) -> None:
         if kind == "parquet":
             pq.write_table(table, tmp)
         elif kind == "jsonl":
@@ -123,7 +119,5 @@ def _write_atomically(table: pa.Table, path: Path, kind: str) -> None:
             pacsv.write_csv(table, tmp, pacsv.WriteOptions(delimiter="\t" if kind == "tsv" else ","))
         else:
             raise DataError(f"{path}: cannot write {kind}")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    publish_file(path, write, error=DataError)

@@ -13,13 +13,13 @@ import logging
 import os
 import pickle
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from albert_dist.errors import AlbertDistError, CheckpointError, disk_full_errors
+from albert_dist.errors import AlbertDistError, CheckpointError
+from albert_dist.files import publish_file
 from albert_dist.model.config import AlbertConfig
 
 logger = logging.getLogger(__name__)
@@ -38,19 +38,6 @@ DERIVED_KEY_SUFFIXES = ("predictions.decoder.weight", "predictions.decoder.bias"
 KNOWN_HEAD_PREFIXES = ("predictions.", "sop_classifier.", "classifier.")
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """Write via a temporary file in the same directory, then rename over `path`: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with disk_full_errors(str(path), CheckpointError):
-            write(tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def save_pretrained(model, directory: str | os.PathLike) -> None:
     """Write config.json and model.safetensors into `directory`, leaving its other files (tokenizer) alone."""
     directory = Path(directory)
@@ -58,8 +45,9 @@ def save_pretrained(model, directory: str | os.PathLike) -> None:
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     config = dataclasses.replace(model.config, architectures=[model.architecture])
     # Weights first: a crash in between leaves the previous config beside new weights of the same shapes.
-    _write_atomically(directory / SAFE_WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
-    _write_atomically(directory / CONFIG_NAME, config.to_json_file)
+    publish_file(directory / SAFE_WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}),
+                 error=CheckpointError)
+    publish_file(directory / CONFIG_NAME, config.to_json_file, error=CheckpointError)
 
 
 def load_config(directory: str | os.PathLike, **overrides) -> AlbertConfig:

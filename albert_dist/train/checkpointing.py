@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from albert_dist.errors import CheckpointError
-from albert_dist.files import sha256_file
+from albert_dist.files import publish_bytes, sha256_file
 
 MANIFEST = "manifest.json"
 #: job settings a relaunch may change and still resume: where outputs and tracking go, how often the run logs,
@@ -38,15 +37,6 @@ RELAUNCH_MAY_CHANGE = (
 )
 STATE_FILE = "training_state.pt"
 MODEL_DIR = "model"
-
-
-def write_atomic_bytes(path: Path, data: bytes | memoryview) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def fingerprint(settings: dict[str, Any], data_digest: str | None = None) -> dict[str, Any]:
@@ -73,7 +63,7 @@ def write_manifest(directory: Path, info: dict[str, Any]) -> None:
     """Checksum every file under `directory` and write the manifest last, atomically."""
     files = {str(p.relative_to(directory)): sha256_file(p)
              for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
-    write_atomic_bytes(directory / MANIFEST, json.dumps({**info, "files": files}, indent=2).encode())
+    publish_bytes(directory / MANIFEST, json.dumps({**info, "files": files}, indent=2).encode())
 
 
 def verify_manifest(directory: Path) -> dict[str, Any]:
@@ -102,7 +92,7 @@ def save_training_state(directory: Path, state: dict[str, Any], info: dict[str, 
     directory.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    write_atomic_bytes(directory / STATE_FILE, buffer.getbuffer())
+    publish_bytes(directory / STATE_FILE, buffer.getbuffer())
     write_manifest(directory, info)
 
 

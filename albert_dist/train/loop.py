@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -23,6 +22,7 @@ import torch.distributed as dist
 
 from albert_dist.config import TrainSection
 from albert_dist.errors import disk_full_errors
+from albert_dist.files import publish_dir
 from albert_dist.train import checkpointing, optim, precision
 
 Batch = dict[str, torch.Tensor]
@@ -336,7 +336,7 @@ class Trainer:
             return
         self.best = value
         if self.env.is_main and self.env.best_model_dir is not None:
-            replace_dir_atomically(self.env.best_model_dir, lambda d: self.task.save_model(self.model, d))
+            publish_dir(self.env.best_model_dir, lambda d: self.task.save_model(self.model, d))
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def _report(self, metrics: dict[str, Any], with_checkpoint: bool) -> None:
@@ -440,23 +440,6 @@ def gather_objects(obj: Any, world_size: int) -> list[Any]:
         dist.all_gather_object(gathered, obj)
         return gathered
     return [obj]
-
-
-def replace_dir_atomically(target: Path, write: Callable[[Path], None]) -> None:
-    """Write a directory beside `target`, then swap it in, so readers see the old or the new one, never half."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        with disk_full_errors(str(target)):
-            write(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # a half-written copy would only hold on to the space
-        raise
-    old = target.with_name(f".{target.name}.old")
-    if target.exists():
-        target.rename(old)
-    staging.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _duration(seconds: float) -> str:

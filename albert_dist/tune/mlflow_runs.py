@@ -16,6 +16,7 @@ from ray import tune
 
 from albert_dist import tracking
 from albert_dist.config import dump_yaml
+from albert_dist.files import publish_text
 from albert_dist.tune.report import stop_reason
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -46,10 +47,7 @@ def child_run(uri: str, parent_id: str, trial_id: str, run_dir: Path) -> str:
     run_id = found[0].info.run_id if found else client.create_run(
         experiment_id, run_name=trial_id,
         tags={PARENT_TAG: parent_id, TRIAL_TAG: trial_id, **tracking.default_tags()}).info.run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / (tracking.RUN_ID_FILE + ".tmp")
-    tmp.write_text(run_id)
-    tmp.replace(run_dir / tracking.RUN_ID_FILE)
+    publish_text(run_dir / tracking.RUN_ID_FILE, run_id)
     return run_id
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from albert_dist.config import dump_yaml
 from albert_dist.errors import AlbertDistError
+from albert_dist.files import publish_dir
 from albert_dist.tracking import redact_url
 from albert_dist.finetune.distill import PROJECTION_FILE
-from albert_dist.train.loop import replace_dir_atomically
 from albert_dist.tune import mlflow_runs, report, space
 from albert_dist.tune.config import TuneJobConfig
 from albert_dist.tune.trainable import TrialSetup, run_trial
@@ -93,7 +93,7 @@ def publish(cfg: TuneJobConfig, results, uri: str, parent_id: str) -> SweepOutco
     best_model = sweep_dir / "best_model"
     trial_dir = report.trials_dir(sweep_dir) / best["trial_id"]
     source = trial_dir / "model" if (trial_dir / "model").is_dir() else trial_dir / "best_checkpoint"
-    replace_dir_atomically(best_model, lambda d: shutil.copytree(
+    publish_dir(best_model, lambda d: shutil.copytree(
         source, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
     files = [report.write_csv(rows, sweep_dir / "trials.csv"),
              report.plot(rows, cfg.distributions, metric, sweep_dir / "trials.png"), best_config]
