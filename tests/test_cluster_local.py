@@ -108,62 +108,28 @@ def test_without_credentials_nothing_is_served(cluster):
     assert denied.returncode != 0
 
 
-def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stdlib_corpus, tmp_path):
-    state, env = cluster
-    submit(env, "prepare_data", *prepare_args(stdlib_corpus), "--name", "prepare-1")
-    out = submit(env, "pretrain", *pretrain_args("e2e-pretrain", steps=8), "--name", "pretrain-1")
-    assert "pretrain-1 SUCCEEDED" in out
-    outputs = Path(env["ALBERT_DIST_HOME"])
-    model_dir = outputs / "runs" / "e2e-pretrain" / "model"
-    assert (model_dir / "config.json").is_file()  # under the output root, not the job's temporary copy
-    expected = {"albert-pretrain": "e2e-pretrain"}
-
-    write_csv(tmp_path / "train.csv", single_rows(96, seed=1))
-    out = submit(env, "finetune", "--config", "jobs/configs/finetune.yaml", "--name", "finetune-1", *sets(
-        "run.name=e2e-finetune", f"model.init_from={model_dir}", f"data.train={tmp_path / 'train.csv'}", "data.dev=",
-        "data.text_column=text", "data.max_seq_length=32", "finetune.epochs=1", "scaling.use_gpu=false",
-        "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "train.batch_size=16", "train.eval_every=100",
-        "train.precision=fp32"))
-    assert "finetune-1 SUCCEEDED" in out
-    expected["albert-finetune"] = "e2e-finetune"
-
+def mlflow_client(env: dict[str, str]):
+    """A client of the cluster's MLflow server with the submitter's credentials (taken back by the caller's
+    `finally`: `forget_mlflow_credentials`)."""
     from mlflow.tracking import MlflowClient
 
-    secrets = {CANARY, env["MLFLOW_TRACKING_PASSWORD"], (state / "ray_auth_token").read_text().strip()}
     os.environ.update({k: env[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")})
-    try:
-        client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-        for experiment, run_name in expected.items():
-            runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
-                                      filter_string=f"attributes.run_name = '{run_name}'")
-            assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-            run = runs[0]
-            assert {"loss"} <= set(run.data.metrics), run.data.metrics
-            assert {"config.json", "model.safetensors"} <= {
-                Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")}
-            logged = " ".join(f"{k}={v}" for k, v in {**run.data.params, **run.data.tags}.items())
-            assert not any(s in logged for s in secrets)
-            for artifact in client.list_artifacts(run.info.run_id, "config"):
-                text = Path(client.download_artifacts(run.info.run_id, artifact.path, str(tmp_path))).read_text()
-                assert not any(s in text for s in secrets)
-    finally:
-        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-            os.environ.pop(k, None)
-
-    ray_tmp = Path((state / "ray_tmp").read_text().strip())
-    leaks = subprocess.run(["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), str(ray_tmp / "session_latest"),
-                            str(state / "logs"), str(outputs), str(state / "mlflow" / "artifacts")],
-                           capture_output=True, text=True)
-    assert leaks.stdout == "", f"secrets written to {leaks.stdout}"
+    return MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
 
 
-def test_stopped_job_resumes_when_submitted_again(cluster, stdlib_corpus):
-    """`albert-dist jobs stop` mid-run, then the same submission again: it runs as `<name>-2` and the training
-    resumes from the stopped run's latest checkpoint, in the same MLflow run."""
+def forget_mlflow_credentials() -> None:
+    for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        os.environ.pop(k, None)
+
+
+@pytest.fixture(scope="module")
+def stopped_and_resubmitted(cluster, stdlib_corpus):
+    """The data prepared by a job; a pretraining job stopped (`albert-dist jobs stop`) after its first checkpoint
+    and then submitted again, to the end. Its model is what the end-to-end test fine-tunes (one pretraining job
+    serves both tests: every job costs minutes on 2 cores)."""
     state, env = cluster
     outputs = Path(env["ALBERT_DIST_HOME"])
-    if not (outputs / "runs" / "data" / "prepared" / "manifest.json").is_file():
-        submit(env, "prepare_data", *prepare_args(stdlib_corpus), "--name", "prepare-for-stop")
+    submit(env, "prepare_data", *prepare_args(stdlib_corpus), "--name", "prepare-1")
     args = [*pretrain_args("stop-resume", steps=400), *sets("train.checkpoint_every=10", "train.log_every=10",
                                                             "train.eval_every=400")]
     cli = [str(BIN / "albert-dist")]
@@ -186,25 +152,69 @@ def test_stopped_job_resumes_when_submitted_again(cluster, stdlib_corpus):
     assert "STOPPED" in status.stdout, status.stdout
     checkpointed = max(json.loads(m.read_text())["step"] for m in storage.glob("checkpoint_*/manifest.json"))
     assert checkpointed < 400
-
     out = submit(env, "pretrain", *args, "--name", "pretrain-stop", timeout=900)
+    return {"out": out, "checkpointed": checkpointed, "model_dir": outputs / "runs" / "stop-resume" / "model"}
+
+
+def test_stopped_job_resumes_when_submitted_again(cluster, stopped_and_resubmitted):
+    """`albert-dist jobs stop` mid-run, then the same submission again: it runs as `<name>-2` and the training
+    resumes from the stopped run's latest checkpoint, in the same MLflow run."""
+    _, env = cluster
+    out = stopped_and_resubmitted["out"]
     assert "submitting this attempt as pretrain-stop-2" in out
     resumed = [int(step) for step in re.findall(r"resumed from \S+ at step (\d+)", out)]
-    assert resumed and resumed[0] >= checkpointed, out[-3000:]
+    assert resumed and resumed[0] >= stopped_and_resubmitted["checkpointed"], out[-3000:]
     assert "pretrain-stop-2 SUCCEEDED" in out
-    final = json.loads((outputs / "runs" / "stop-resume" / "model" / "config.json").read_text())
+    final = json.loads((stopped_and_resubmitted["model_dir"] / "config.json").read_text())
     assert final["hidden_size"] == 64
-
-    from mlflow.tracking import MlflowClient
-
-    os.environ.update({k: env[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")})
     try:
-        client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+        client = mlflow_client(env)
         runs = client.search_runs([client.get_experiment_by_name("albert-pretrain").experiment_id],
                                   filter_string="attributes.run_name = 'stop-resume'")
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")]
         assert len(steps) == len(set(steps)) and max(steps) == 400
     finally:
-        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-            os.environ.pop(k, None)
+        forget_mlflow_credentials()
+
+
+def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stopped_and_resubmitted, tmp_path):
+    state, env = cluster
+    outputs = Path(env["ALBERT_DIST_HOME"])
+    model_dir = stopped_and_resubmitted["model_dir"]
+    assert model_dir.is_relative_to(outputs)  # under the output root, not the job's temporary copy
+    expected = {"albert-pretrain": "stop-resume"}
+
+    write_csv(tmp_path / "train.csv", single_rows(96, seed=1))
+    out = submit(env, "finetune", "--config", "jobs/configs/finetune.yaml", "--name", "finetune-1", *sets(
+        "run.name=e2e-finetune", f"model.init_from={model_dir}", f"data.train={tmp_path / 'train.csv'}", "data.dev=",
+        "data.text_column=text", "data.max_seq_length=32", "finetune.epochs=1", "scaling.use_gpu=false",
+        "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "train.batch_size=16", "train.eval_every=100",
+        "train.precision=fp32"))
+    assert "finetune-1 SUCCEEDED" in out
+    expected["albert-finetune"] = "e2e-finetune"
+
+    secrets = {CANARY, env["MLFLOW_TRACKING_PASSWORD"], (state / "ray_auth_token").read_text().strip()}
+    try:
+        client = mlflow_client(env)
+        for experiment, run_name in expected.items():
+            runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
+                                      filter_string=f"attributes.run_name = '{run_name}'")
+            assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+            run = runs[0]
+            assert {"loss"} <= set(run.data.metrics), run.data.metrics
+            assert {"config.json", "model.safetensors"} <= {
+                Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")}
+            logged = " ".join(f"{k}={v}" for k, v in {**run.data.params, **run.data.tags}.items())
+            assert not any(s in logged for s in secrets)
+            for artifact in client.list_artifacts(run.info.run_id, "config"):
+                text = Path(client.download_artifacts(run.info.run_id, artifact.path, str(tmp_path))).read_text()
+                assert not any(s in text for s in secrets)
+    finally:
+        forget_mlflow_credentials()
+
+    ray_tmp = Path((state / "ray_tmp").read_text().strip())
+    leaks = subprocess.run(["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), str(ray_tmp / "session_latest"),
+                           str(state / "logs"), str(outputs), str(state / "mlflow" / "artifacts")],
+                           capture_output=True, text=True)
+    assert leaks.stdout == "", f"secrets written to {leaks.stdout}"
