@@ -24,6 +24,10 @@ class DataError(AlbertDistError):
     """A corpus or dataset that cannot be read."""
 
 
+class TrackingError(AlbertDistError):
+    """The MLflow tracking store refused a request or did not answer."""
+
+
 def is_disk_full(err: BaseException) -> bool:
     """ENOSPC or EDQUOT, also where a writer reports it only in its message (pyarrow, safetensors)."""
     return ((isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from albert_dist import mlflow_models, run_lock, tracking
-from albert_dist.config import PretrainJobConfig, dump_yaml, flatten, resolve_path
+from albert_dist.config import PretrainJobConfig, flatten, resolve_path
 from albert_dist.errors import ConfigError
 from albert_dist.files import publish_dir
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
@@ -159,43 +159,32 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     manifest = prepared.manifest
     model_config = _model_config(cfg, manifest)
     run_dir = cfg.run.run_dir
-    uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
-    run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, run_dir, cfg.run.name,
-                                          tags={"albert_dist.job": "pretrain"})
     n_params = AlbertForPreTraining(model_config).num_parameters()
     in_memory = prepared.fits_in_memory(cfg.data.cache)
-    tracking.log_params(uri, run_id, {**flatten(cfg), "model.num_parameters": n_params,
-                                      "world_size": cfg.scaling.num_workers, "data.prepared_dir": str(data_dir),
-                                      "data.in_memory": in_memory})
-    tracking.log_text(uri, run_id, dump_yaml(cfg), "config/pretrain.yaml")
-    tracking.log_text(uri, run_id, json.dumps(manifest, indent=2, ensure_ascii=False), "data/manifest.json")
-    tracking.log_prepared_data(uri, run_id, data_dir, manifest)
-    print(f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
-          f"worker(s), {cfg.train.precision}; MLflow run {run_id}")
-    print(f"data: {prepared.rows('train')} training instances, " + (
-        "read once into Ray's object store" if in_memory else "streamed from Parquet every epoch") +
-        f" (data.cache={cfg.data.cache})")
-    task_config = task_settings(cfg, prepared, data_dir, model_config)
-    datasets = prepared.for_training(in_memory)
-    best_dir = run_dir / "best_model"
-    try:
+    with tracking.job_run(cfg, "pretrain", extra_params={
+            "model.num_parameters": n_params, "world_size": cfg.scaling.num_workers,
+            "data.prepared_dir": str(data_dir), "data.in_memory": in_memory}) as run:
+        run.log_text(json.dumps(manifest, indent=2, ensure_ascii=False), "data/manifest.json")
+        run.log_datasets([tracking.prepared_data_input(data_dir, manifest)])
+        print(f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
+              f"worker(s), {cfg.train.precision}; MLflow run {run.run_id}")
+        print(f"data: {prepared.rows('train')} training instances, " + (
+            "read once into Ray's object store" if in_memory else "streamed from Parquet every epoch") +
+            f" (data.cache={cfg.data.cache})")
+        best_dir = run_dir / "best_model"
         result = run_training(name=cfg.run.name, storage_path=run_dir / "ray", task_factory=
-                              "albert_dist.pretrain:build_pretraining_task", task_config=task_config,
+                              "albert_dist.pretrain:build_pretraining_task",
+                              task_config=task_settings(cfg, prepared, data_dir, model_config),
                               train=cfg.train.loop_settings(), scaling=cfg.scaling, seed=cfg.run.seed,
-                              datasets=datasets, tracking=(uri, run_id), best_model_dir=best_dir,
+                              datasets=prepared.for_training(in_memory), tracking=(run.uri, run.run_id),
+                              best_model_dir=best_dir,
                               fingerprint=checkpointing.fingerprint(flatten(cfg), prepared.digest()),
                               resume_changes=cfg.run.resume_changes)
-    except BaseException:
-        tracking.finish_run(uri, run_id, "FAILED")
-        raise
-    model_dir = run_dir / "model"
-    publish_dir(model_dir, lambda d: shutil.copytree(result.checkpoint_dir / "model", d,
-                                                                dirs_exist_ok=True))
-    tracking.log_artifacts(uri, run_id, model_dir, "model")
-    mlflow_models.log_model(uri, run_id, model_dir, mlflow_models.EncoderModel(), step=int(result.metrics["step"]),
-                            register_as=cfg.tracking.register_model)
-    tracking.finish_run(uri, run_id)
-    return PretrainOutcome(model_dir, best_dir, uri, run_id, result.metrics)
+        model_dir = run_dir / "model"
+        publish_dir(model_dir, lambda d: shutil.copytree(result.checkpoint_dir / "model", d, dirs_exist_ok=True))
+        run.published(model_dir)
+        run.log_model(mlflow_models.EncoderModel(), step=int(result.metrics["step"]))
+    return PretrainOutcome(model_dir, best_dir, run.uri, run.run_id, result.metrics)
 
 
 def task_settings(cfg: PretrainJobConfig, prepared, data_dir: Path, model_config: AlbertConfig | None = None
@@ -235,30 +224,24 @@ def lr_range_test(cfg: PretrainJobConfig):
     ensure_ray()
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
-    uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
-    run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, cfg.run.run_dir / "lr_range_test",
-                                          f"{cfg.run.name}-lr-range-test", tags={"albert_dist.job": "lr_range_test"})
-    tracking.log_params(uri, run_id, {**flatten(cfg), "data.prepared_dir": str(data_dir)})
     s = cfg.train
-    print(f"learning-rate range test: {s.optimizer}, {s.lr_range_steps} steps from {s.lr_range_min:g} to "
-          f"{s.lr_range_max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run_id}")
-    task = PretrainingTask(task_settings(cfg, prepared, data_dir), dataset=prepared.dataset)
-    try:
-        result = run_range_test(task, s, cfg.run.seed)
-    except BaseException:
-        tracking.finish_run(uri, run_id, "FAILED")
-        raise
-    with tempfile.TemporaryDirectory() as tmp:
-        result.plot(Path(tmp) / "lr_range_test.png")
-        (Path(tmp) / "lr_range_test.json").write_text(json.dumps(
-            {"learning_rate": result.learning_rates, "loss": result.losses, "smoothed_loss": result.smoothed,
-             "suggested_learning_rate": result.suggested}))
-        tracking.log_artifacts(uri, run_id, tmp, "lr_range_test")
-    tracking.log_params(uri, run_id, {"suggested_learning_rate": result.suggested})
-    tracking.finish_run(uri, run_id)
+    with tracking.job_run(cfg, "lr_range_test", run_dir=cfg.run.run_dir / "lr_range_test",
+                          run_name=f"{cfg.run.name}-lr-range-test",
+                          extra_params={"data.prepared_dir": str(data_dir)}) as run:
+        print(f"learning-rate range test: {s.optimizer}, {s.lr_range_steps} steps from {s.lr_range_min:g} to "
+              f"{s.lr_range_max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run.run_id}")
+        result = run_range_test(PretrainingTask(task_settings(cfg, prepared, data_dir), dataset=prepared.dataset),
+                                s, cfg.run.seed)
+        with tempfile.TemporaryDirectory() as tmp:
+            result.plot(Path(tmp) / "lr_range_test.png")
+            (Path(tmp) / "lr_range_test.json").write_text(json.dumps(
+                {"learning_rate": result.learning_rates, "loss": result.losses, "smoothed_loss": result.smoothed,
+                 "suggested_learning_rate": result.suggested}))
+            run.log_artifacts(tmp, "lr_range_test")
+        run.log_params({"suggested_learning_rate": result.suggested})
     print(result.table())
     print(f"suggested: --set train.learning_rate={result.suggested:.2g} (a tenth of the rate with the lowest "
-          f"smoothed loss; {s.optimizer})\nplot: MLflow run {run_id}, artifact lr_range_test/lr_range_test.png")
+          f"smoothed loss; {s.optimizer})\nplot: MLflow run {run.run_id}, artifact lr_range_test/lr_range_test.png")
     return result
 
 

@@ -1,5 +1,6 @@
 """MLflow: the driver creates (or reopens) the run, rank 0 of the workers logs metrics into it.
 
+Every job's driver tracks itself through `job_run`, one `with` block from opening the run to ending it.
 The run id is kept in the run directory, so a relaunch or a restarted worker continues the same MLflow run.
 Metric logging never stops training: when the tracking server is unreachable, metrics are buffered and flushed
 when it answers again.
@@ -7,13 +8,18 @@ when it answers again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from albert_dist.config import dump_yaml, flatten
+from albert_dist.errors import TrackingError
 
 from albert_dist.files import publish_text
 
@@ -181,6 +187,116 @@ def finish_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None
     _client(tracking_uri).set_terminated(run_id, status=status)
 
 
+@contextlib.contextmanager
+def tracking_errors(what: str) -> Iterator[None]:
+    """An MLflow failure while doing `what` as one `TrackingError` line instead of a traceback from deep inside
+    MLflow's client."""
+    try:
+        yield
+    except TrackingError:
+        raise
+    except Exception as err:
+        raise TrackingError(f"MLflow failed {what} ({type(err).__name__}: {redact_url(str(err))[:300]})") from err
+
+
+@dataclass
+class JobRun:
+    """The MLflow run of one job, as `job_run` opened it. Its `log_*` methods raise `TrackingError`."""
+
+    uri: str
+    run_id: str
+    register_as: str | None = None  # tracking.register_model
+    model_dir: Path | None = None  # the job's model, once published (`published`)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        with tracking_errors("logging params"):
+            log_params(self.uri, self.run_id, params)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        with tracking_errors(f"logging {artifact_file}"):
+            log_text(self.uri, self.run_id, text, artifact_file)
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        with tracking_errors(f"logging the artifacts of {local_dir}"):
+            log_artifacts(self.uri, self.run_id, local_dir, artifact_path)
+
+    def log_datasets(self, datasets: list[tuple[str, str, str | Path, str, dict]]) -> None:
+        with tracking_errors("logging the datasets"):
+            log_datasets(self.uri, self.run_id, datasets)
+
+    def log_metrics(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        with tracking_errors("logging the final metrics"):
+            _client(self.uri).log_batch(self.run_id, metrics=[Metric(k, float(v), now, step)
+                                                              for k, v in values.items()])
+
+    def published(self, model_dir: Path) -> None:
+        """The job's model is in place at `model_dir`: a later failure says so."""
+        self.model_dir = Path(model_dir)
+
+    def log_model(self, python_model, step: int, files: bool = True) -> None:
+        """The published model as the run's MLflow model (linked to the metrics of `step`), registered when
+        `tracking.register_model` names a model; with `files`, its files also as the artifacts `model/`."""
+        from albert_dist import mlflow_models
+
+        if files:
+            self.log_artifacts(self.model_dir, "model")
+        with tracking_errors("logging the model"):
+            mlflow_models.log_model(self.uri, self.run_id, self.model_dir, python_model, step=step,
+                                    register_as=self.register_as)
+
+    def end(self, status: str) -> None:
+        with tracking_errors(f"marking the run {status}"):
+            finish_run(self.uri, self.run_id, status)
+
+    def mark_failed(self) -> str:
+        """Mark the run FAILED if the store answers; says which happened."""
+        try:
+            self.end("FAILED")
+        except TrackingError as err:
+            log.warning("%s", err)
+            return f"MLflow run {self.run_id} could not be marked FAILED (the store did not answer)"
+        return f"MLflow run {self.run_id} marked FAILED"
+
+
+@contextlib.contextmanager
+def job_run(cfg, job: str, *, tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
+            extra_params: dict[str, Any] | None = None, settings=None, run_dir: Path | None = None,
+            run_name: str | None = None) -> Iterator[JobRun]:
+    """The tracked MLflow run of a job, around everything the job does once its input is validated.
+
+    Opens the run of the run directory (resumes it on a relaunch), tagged `albert_dist.job=<job>` plus `tags`;
+    logs the job config as params (flattened and redacted; `params` replaces them, `extra_params` adds to them)
+    and as the artifact `config/<job>.yaml`. The run ends FINISHED when the block ends, FAILED on any exception
+    (Ctrl-C and exit included). `settings` is the config holding the `run` and `tracking` sections (default
+    `cfg`; a sweep's is its job's); `run_dir` and `run_name` default to its run's.
+
+    An MLflow failure after the job published its model (`JobRun.published`) is one `TrackingError` saying
+    where the model is; another error then carries that as a note."""
+    settings = settings or cfg
+    uri = settings.tracking.resolved_uri(settings.run.output_dir)
+    with tracking_errors(f"opening the run in {redact_url(uri)}"):
+        run_id = start_or_resume_run(uri, settings.tracking.experiment, run_dir or settings.run.run_dir,
+                                     run_name or settings.run.name, tags={JOB_TAG: job, **(tags or {})})
+    run = JobRun(uri, run_id, settings.tracking.register_model)
+    try:
+        run.log_params({**(flatten(cfg) if params is None else params), **(extra_params or {})})
+        run.log_text(dump_yaml(cfg), f"config/{job.replace('-', '_')}.yaml")
+        yield run
+        run.end("FINISHED")
+    except BaseException as err:
+        marked = run.mark_failed()
+        if run.model_dir is None or not isinstance(err, Exception):
+            raise
+        if isinstance(err, TrackingError):
+            raise TrackingError(f"the model is saved at {run.model_dir}, but tracking failed: {err}; "
+                                f"{marked}") from err
+        err.add_note(f"the model is saved at {run.model_dir}; {marked}")
+        raise
+
+
 class MetricsLogger:
     """Rank 0's metric logger: logs batches, buffers them while the tracking server is unreachable.
 
@@ -291,12 +407,12 @@ def path_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def log_prepared_data(tracking_uri: str, run_id: str, data_dir: str | Path, manifest: dict[str, Any]) -> None:
-    """The prepared pretraining data as the run's training dataset: its digest is the manifest's (which lists
-    the shards, their row counts, the tokenizer's hash and the preparation config)."""
+def prepared_data_input(data_dir: str | Path, manifest: dict[str, Any]) -> tuple[str, str, str | Path, str, dict]:
+    """The prepared pretraining data as the run's training dataset (for `log_datasets`): its digest is the
+    manifest's (which lists the shards, their row counts, the tokenizer's hash and the preparation config)."""
     import hashlib
     import json
 
     digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
     profile = {f"{split}_rows": info["rows"] for split, info in manifest["splits"].items()}
-    log_datasets(tracking_uri, run_id, [("training", Path(str(data_dir)).name, data_dir, digest, profile)])
+    return "training", Path(str(data_dir)).name, data_dir, digest, profile

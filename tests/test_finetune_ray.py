@@ -143,6 +143,23 @@ def test_unknown_dev_label_fails_before_training(workspace, tmp_path, ray_sessio
         finetune(cfg)
 
 
+def test_a_finetune_interrupted_before_training_ends_its_mlflow_run_failed(workspace, tmp_path, ray_session,
+                                                                          monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    def interrupted(split):
+        raise KeyboardInterrupt  # Ctrl-C while the driver hands the data to Ray, after the run was opened
+
+    monkeypatch.setattr(data, "to_ray_dataset", interrupted)
+    cfg = finetune_config(workspace, run={"name": "interrupted", "output_dir": str(tmp_path)})
+    with pytest.raises(KeyboardInterrupt):
+        finetune(cfg)
+    run_id = (cfg.run.run_dir / "mlflow_run_id").read_text()
+    run = MlflowClient(tracking_uri=cfg.tracking.tracking_uri).get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.params["labels"] == "no,yes" and run.data.tags["albert_dist.job"] == "finetune"
+
+
 def test_distilled_student_keeps_teacher_accuracy(classifier, workspace, ray_session):
     cfg = DistillJobConfig.model_validate({
         "run": {"name": "distill", "output_dir": str(workspace / "runs")},

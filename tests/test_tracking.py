@@ -95,3 +95,60 @@ def test_default_store_keeps_artifacts_beside_its_database(tmp_path, monkeypatch
     bare = client.create_experiment("bare")
     tracking.start_or_resume_run(uri, "bare", tmp_path / "run2", "r2")
     assert client.get_experiment(bare).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One SQLite store for the job_run tests (each test its own run directories)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+
+
+def job_config(store: str, tmp_path, name: str):
+    from albert_dist.config import PretrainJobConfig
+
+    return PretrainJobConfig.model_validate({"run": {"name": name, "output_dir": str(tmp_path / "runs")},
+                                             "tracking": {"tracking_uri": store}})
+
+
+def test_job_run_ends_finished_and_a_relaunch_resumes_the_same_run(store, tmp_path):
+    cfg = job_config(store, tmp_path, "ok")
+    with tracking.job_run(cfg, "pretrain", tags={"albert_dist.source_model": "m"},
+                          extra_params={"world_size": 2}) as run:
+        client = tracking._client(run.uri)
+        assert client.get_run(run.run_id).info.status == "RUNNING"
+    first = client.get_run(run.run_id)
+    assert first.info.status == "FINISHED"
+    assert first.data.params["run.name"] == "ok" and first.data.params["world_size"] == "2"
+    assert first.data.tags["albert_dist.job"] == "pretrain" and first.data.tags["albert_dist.source_model"] == "m"
+    (tmp_path / "artifacts").mkdir()
+    config = client.download_artifacts(run.run_id, "config/pretrain.yaml", str(tmp_path / "artifacts"))
+    assert "name: ok" in open(config).read()
+
+    with tracking.job_run(cfg, "pretrain") as again:
+        assert again.run_id == run.run_id
+        assert client.get_run(run.run_id).info.status == "RUNNING"
+    assert client.get_run(run.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("error", [ValueError("bad input"), KeyboardInterrupt(), SystemExit(1)])
+def test_job_run_marks_the_run_failed_on_any_exception(store, tmp_path, error):
+    with pytest.raises(type(error)):
+        with tracking.job_run(job_config(store, tmp_path, "broken"), "finetune") as run:
+            raise error
+    assert tracking._client(run.uri).get_run(run.run_id).info.status == "FAILED"
+
+
+def test_a_tracking_failure_after_publishing_names_the_saved_model(store, tmp_path):
+    from albert_dist.errors import TrackingError
+
+    model_dir = tmp_path / "runs" / "published" / "model"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text("{}")
+    with pytest.raises(TrackingError) as raised:
+        with tracking.job_run(job_config(store, tmp_path, "published"), "distill") as run:
+            run.published(model_dir)
+            run.log_artifacts(model_dir, "../outside")  # refused by MLflow: an artifact path out of the run
+    message = str(raised.value)
+    assert message.startswith(f"the model is saved at {model_dir}, but tracking failed: MLflow failed logging")
+    assert message.endswith(f"MLflow run {run.run_id} marked FAILED") and "\n" not in message
+    assert tracking._client(run.uri).get_run(run.run_id).info.status == "FAILED"

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from albert_dist import run_lock, tracking
-from albert_dist.config import dump_yaml, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.files import publish_dir
 from albert_dist.finetune import data, inference, job
@@ -242,46 +241,41 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
     task_data = job.prepare_task_data(cfg.data, "classification", teacher_dir, label_names=names)
     train, per_epoch = job.schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
     run_dir = cfg.run.run_dir
-    uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
-    run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, run_dir, cfg.run.name,
-                                          tags=job.lineage_tags("distill", teacher_dir))
-    student_init = run_dir / "student_init"
     student = build_student(teacher, cfg, teacher_dir)
-    publish_dir(student_init, lambda d: save_with_tokenizer(student, teacher_dir, d))
-    tracking.log_params(uri, run_id, {**flatten(cfg), "train.derived_max_steps": train.max_steps,
-                                      "train.derived_warmup_steps": train.warmup_steps,
-                                      "student.num_parameters": parameter_count(student),
-                                      "teacher.num_parameters": parameter_count(teacher)})
-    tracking.log_text(uri, run_id, dump_yaml(cfg), "config/distill.yaml")
-    job.log_task_data(uri, run_id, cfg.data, task_data)
-    print(f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
-          f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
-          f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
-          f"H={student.config.hidden_size}); {train.max_steps} steps; MLflow run {run_id}")
-    d = cfg.distill
-    config = job.task_config(init_from=str(student_init), task_data=task_data, task="classification",
-                             finetune=cfg.finetune, train=train, data_section=cfg.data, per_epoch=per_epoch,
-                             seed=cfg.run.seed, model_overrides={}, tokenizer_dir=str(teacher_dir),
-                             teacher_dir=str(teacher_dir), temperature=d.temperature, alpha=d.alpha,
-                             hidden_weight=d.hidden_weight)
-    best_dir = run_dir / "best_checkpoint"
-    result = job.train_on_ray(cfg, task_factory="albert_dist.finetune.distill:build_distill_task", config=config,
-                              task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=best_dir,
-                              callbacks=callbacks)
-    model_dir = run_dir / "model"
-    publish_dir(model_dir, lambda d: shutil.copytree(
-        best_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
-    student = AlbertForSequenceClassification.from_pretrained(model_dir)
-    values = compare(teacher, student, task_data, cfg)
-    if "test" in task_data.splits:
-        values.update({f"test_{k}": v for k, v in inference.evaluate(
-            student, task_data.splits["test"], task="classification", precision=cfg.train.precision).items()})
-    step = int(result.metrics.get("step", train.max_steps))
-    job.log_final(uri, run_id, values, step)
-    tracking.log_artifacts(uri, run_id, model_dir, "model")
-    job.log_final_model(cfg, uri, run_id, model_dir, step)
-    tracking.finish_run(uri, run_id)
-    return DistillOutcome(model_dir, uri, run_id, result.metrics, values)
+    with tracking.job_run(cfg, "distill", tags=job.lineage_tags(teacher_dir), extra_params={
+            "train.derived_max_steps": train.max_steps, "train.derived_warmup_steps": train.warmup_steps,
+            "student.num_parameters": parameter_count(student),
+            "teacher.num_parameters": parameter_count(teacher)}) as run:
+        student_init = run_dir / "student_init"
+        publish_dir(student_init, lambda d: save_with_tokenizer(student, teacher_dir, d))
+        job.log_task_data(run, cfg.data, task_data)
+        print(f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
+              f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
+              f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
+              f"H={student.config.hidden_size}); {train.max_steps} steps; MLflow run {run.run_id}")
+        d = cfg.distill
+        config = job.task_config(init_from=str(student_init), task_data=task_data, task="classification",
+                                 finetune=cfg.finetune, train=train, data_section=cfg.data, per_epoch=per_epoch,
+                                 seed=cfg.run.seed, model_overrides={}, tokenizer_dir=str(teacher_dir),
+                                 teacher_dir=str(teacher_dir), temperature=d.temperature, alpha=d.alpha,
+                                 hidden_weight=d.hidden_weight)
+        best_dir = run_dir / "best_checkpoint"
+        result = job.train_on_ray(cfg, task_factory="albert_dist.finetune.distill:build_distill_task",
+                                  config=config, task_data=task_data, train=train, run=run, best_model_dir=best_dir,
+                                  callbacks=callbacks)
+        model_dir = run_dir / "model"
+        publish_dir(model_dir, lambda d: shutil.copytree(
+            best_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
+        run.published(model_dir)
+        student = AlbertForSequenceClassification.from_pretrained(model_dir)
+        values = compare(teacher, student, task_data, cfg)
+        if "test" in task_data.splits:
+            values.update({f"test_{k}": v for k, v in inference.evaluate(
+                student, task_data.splits["test"], task="classification", precision=cfg.train.precision).items()})
+        step = int(result.metrics.get("step", train.max_steps))
+        run.log_metrics(values, step)
+        run.log_model(job.classifier_model(cfg), step)
+    return DistillOutcome(model_dir, run.uri, run.run_id, result.metrics, values)
 
 
 def save_with_tokenizer(model, tokenizer_source: str | Path, directory: Path) -> None:

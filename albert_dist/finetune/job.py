@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist import run_lock, tracking
-from albert_dist.config import TrainBase, TrainSection, dump_yaml, flatten
+from albert_dist.config import TrainBase, TrainSection, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
@@ -80,18 +80,18 @@ def source_run_id(model_dir: str | Path) -> str | None:
     return None
 
 
-def lineage_tags(job: str, source: str | Path) -> dict[str, str]:
-    tags = {"albert_dist.job": job, "albert_dist.source_model": str(source)}
+def lineage_tags(source: str | Path) -> dict[str, str]:
+    tags = {"albert_dist.source_model": str(source)}
     run_id = source_run_id(source)
     if run_id:
         tags["albert_dist.source_run_id"] = run_id
     return tags
 
 
-def log_task_data(uri: str, run_id: str, section: TaskDataSection, task_data: TaskData) -> None:
+def log_task_data(run: tracking.JobRun, section: TaskDataSection, task_data: TaskData) -> None:
     """The task's data files as the run's datasets (a split held out of train has no file of its own)."""
     files = {"training": (section.train, "train"), "validation": (section.dev, "dev"), "test": (section.test, "test")}
-    tracking.log_datasets(uri, run_id, [
+    run.log_datasets([
         (context, Path(path).name, Path(path).resolve(), tracking.path_digest(path),
          {"num_rows": len(task_data.splits[split])}) for context, (path, split) in files.items() if path])
 
@@ -102,12 +102,11 @@ def task_data_digest(section: TaskDataSection) -> str:
     return hashlib.sha256("\n".join(tracking.path_digest(p) if p else "-" for p in files).encode()).hexdigest()
 
 
-def log_final_model(cfg, uri: str, run_id: str, model_dir: Path, step: int) -> None:
-    """The published model as the run's MLflow model (linked to its final metrics), registered when asked."""
+def classifier_model(cfg):
+    """The MLflow model of a classifier trained by the job `cfg` (fine-tuning or distillation)."""
     from albert_dist import mlflow_models
 
-    model = mlflow_models.SequenceClassifierModel(pair=cfg.data.text_pair_column is not None)
-    mlflow_models.log_model(uri, run_id, model_dir, model, step=step, register_as=cfg.tracking.register_model)
+    return mlflow_models.SequenceClassifierModel(pair=cfg.data.text_pair_column is not None)
 
 
 def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: TaskTrainingSection, train: TrainSection,
@@ -128,22 +127,18 @@ def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: Tas
 
 
 def train_on_ray(cfg, *, task_factory: str, config: dict[str, Any], task_data: TaskData, train: TrainSection,
-                 uri: str, run_id: str, best_model_dir: Path, callbacks: list | None = None):
-    """Run the task on Ray Train; the run is marked FAILED in MLflow when training raises. `callbacks` are Ray
-    Train callbacks (a sweep's trial passes Tune's report callback)."""
+                 run: tracking.JobRun, best_model_dir: Path, callbacks: list | None = None):
+    """Run the task on Ray Train, its metrics logged into `run`. `callbacks` are Ray Train callbacks (a sweep's
+    trial passes Tune's report callback)."""
     from albert_dist.train.ray_runner import training_data_context, run_training
 
     training_data_context()
     datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
-    try:
-        return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task_factory=task_factory,
-                            task_config=config, train=train, scaling=cfg.scaling, seed=cfg.run.seed,
-                            datasets=datasets, tracking=(uri, run_id), best_model_dir=best_model_dir,
-                            callbacks=callbacks, resume_changes=cfg.run.resume_changes,
-                            fingerprint=checkpointing.fingerprint(flatten(cfg), task_data_digest(cfg.data)))
-    except BaseException:
-        tracking.finish_run(uri, run_id, "FAILED")
-        raise
+    return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task_factory=task_factory,
+                        task_config=config, train=train, scaling=cfg.scaling, seed=cfg.run.seed,
+                        datasets=datasets, tracking=(run.uri, run.run_id), best_model_dir=best_model_dir,
+                        callbacks=callbacks, resume_changes=cfg.run.resume_changes,
+                        fingerprint=checkpointing.fingerprint(flatten(cfg), task_data_digest(cfg.data)))
 
 
 def final_metrics(model, task_data: TaskData, task: str, cfg) -> dict[str, float]:
@@ -156,11 +151,6 @@ def final_metrics(model, task_data: TaskData, task: str, cfg) -> dict[str, float
                                         pad_to_multiple_of=cfg.data.pad_to_multiple_of, precision=cfg.train.precision)
             out.update({f"{split}_{k}": v for k, v in values.items()})
     return out
-
-
-def log_final(uri: str, run_id: str, values: dict[str, float], step: int) -> None:
-    logger = tracking.MetricsLogger(uri, run_id)
-    logger(values, step)
 
 
 @dataclass
@@ -182,33 +172,27 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
     task = cfg.finetune.task
     task_data = prepare_task_data(cfg.data, task, init_from)
     train, per_epoch = schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
-    run_dir = cfg.run.run_dir
-    uri = cfg.tracking.resolved_uri(cfg.run.output_dir)
-    run_id = tracking.start_or_resume_run(uri, cfg.tracking.experiment, run_dir, cfg.run.name,
-                                          tags=lineage_tags("finetune", init_from))
     sizes = {f"data.{name}_rows": len(split) for name, split in task_data.splits.items()}
-    tracking.log_params(uri, run_id, {**flatten(cfg), **sizes, "train.derived_max_steps": train.max_steps,
-                                      "train.derived_warmup_steps": train.warmup_steps,
-                                      "labels": ",".join(task_data.label_names or [])})
-    tracking.log_text(uri, run_id, dump_yaml(cfg), "config/finetune.yaml")
-    log_task_data(uri, run_id, cfg.data, task_data)
-    print(f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {sizes} rows, "
-          f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s); MLflow run {run_id}")
-    overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
-    config = task_config(init_from=str(init_from), task_data=task_data, task=task, finetune=cfg.finetune,
-                         train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed,
-                         model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
-    model_dir = run_dir / "model"
-    result = train_on_ray(cfg, task_factory="albert_dist.finetune.task:build_finetune_task", config=config,
-                          task_data=task_data, train=train, uri=uri, run_id=run_id, best_model_dir=model_dir,
-                          callbacks=callbacks)
-    values = final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg)
-    step = int(result.metrics.get("step", train.max_steps))
-    log_final(uri, run_id, values, step)
-    tracking.log_artifacts(uri, run_id, model_dir, "model")
-    log_final_model(cfg, uri, run_id, model_dir, step)
-    tracking.finish_run(uri, run_id)
-    return FinetuneOutcome(model_dir, uri, run_id, task_data.label_names, result.metrics, values)
+    with tracking.job_run(cfg, "finetune", tags=lineage_tags(init_from), extra_params={
+            **sizes, "train.derived_max_steps": train.max_steps, "train.derived_warmup_steps": train.warmup_steps,
+            "labels": ",".join(task_data.label_names or [])}) as run:
+        log_task_data(run, cfg.data, task_data)
+        print(f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {sizes} rows, "
+              f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s); MLflow run {run.run_id}")
+        overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
+        config = task_config(init_from=str(init_from), task_data=task_data, task=task, finetune=cfg.finetune,
+                             train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed,
+                             model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
+        model_dir = cfg.run.run_dir / "model"
+        result = train_on_ray(cfg, task_factory="albert_dist.finetune.task:build_finetune_task", config=config,
+                              task_data=task_data, train=train, run=run, best_model_dir=model_dir,
+                              callbacks=callbacks)
+        run.published(model_dir)  # the loop published the best dev checkpoint there
+        values = final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg)
+        step = int(result.metrics.get("step", train.max_steps))
+        run.log_metrics(values, step)
+        run.log_model(classifier_model(cfg), step)
+    return FinetuneOutcome(model_dir, run.uri, run.run_id, task_data.label_names, result.metrics, values)
 
 
 def run_finetune(cfg: FinetuneJobConfig) -> int:

@@ -15,7 +15,6 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 
 from albert_dist import tracking
-from albert_dist.config import dump_yaml
 from albert_dist.files import publish_text
 from albert_dist.tune.report import stop_reason
 
@@ -24,18 +23,13 @@ TRIAL_TAG = "albert_dist.trial_id"
 CHILD_STATUS = {"completed": "FINISHED", "early-stopped": "KILLED", "error": "FAILED"}
 
 
-def parent_run(cfg) -> tuple[str, str]:
-    """(tracking URI, parent run id) of the sweep `cfg`, in the job's tracking store and experiment."""
-    job = cfg.job
-    uri = job.tracking.resolved_uri(job.run.output_dir)
-    run_id = tracking.start_or_resume_run(uri, job.tracking.experiment, cfg.sweep_dir, cfg.run.name,
-                                          tags={"albert_dist.job": f"tune-{cfg.kind}"})
-    tracking.log_params(uri, run_id, {"metric": cfg.tune_metric, "mode": cfg.tune_mode,
-                                      "num_samples": cfg.num_samples, "search_alg": cfg.search_alg,
-                                      "scheduler": cfg.scheduler.kind,
-                                      **{f"space.{k}": json.dumps(v) for k, v in cfg.search_space.items()}})
-    tracking.log_text(uri, run_id, dump_yaml(cfg), f"config/tune_{cfg.kind}.yaml")
-    return uri, run_id
+def parent_run(cfg):
+    """The tracked parent run of the sweep `cfg` (a `tracking.job_run` context), in the job's tracking store and
+    experiment."""
+    return tracking.job_run(cfg, f"tune-{cfg.kind}", settings=cfg.job, run_dir=cfg.sweep_dir, run_name=cfg.run.name,
+                            params={"metric": cfg.tune_metric, "mode": cfg.tune_mode, "num_samples": cfg.num_samples,
+                                    "search_alg": cfg.search_alg, "scheduler": cfg.scheduler.kind,
+                                    **{f"space.{k}": json.dumps(v) for k, v in cfg.search_space.items()}})
 
 
 def child_run(uri: str, parent_id: str, trial_id: str, run_dir: Path) -> str:
@@ -81,18 +75,18 @@ class ChildCloser(tune.Callback):
         close_child(self.uri, run_dir, stop_reason(run_dir, errored), self.metric, value)
 
 
-def publish_best(uri: str, parent_id: str, metric: str, best: dict[str, Any], params: list[str],
-                 files: list[Path], job, best_model: Path) -> None:
-    """Tag the parent with the best trial (id, metric, config), attach the sweep's files, log the best model as
-    the parent's MLflow model (registered when the job's `tracking.register_model` names a model) and end it."""
-    from albert_dist.finetune.job import log_final_model
+def publish_best(parent: tracking.JobRun, metric: str, best: dict[str, Any], params: list[str],
+                 files: list[Path], job) -> None:
+    """Tag the parent with the best trial (id, metric, config), attach the sweep's files and log the best model
+    (published) as the parent's MLflow model, registered when the job's `tracking.register_model` names a model."""
+    from albert_dist.finetune.job import classifier_model
 
-    client = MlflowClient(tracking_uri=uri)
-    client.set_tag(parent_id, "albert_dist.best_trial_id", best["trial_id"])
-    client.set_tag(parent_id, f"albert_dist.best_{metric}", str(best[metric]))
-    client.set_tag(parent_id, "albert_dist.best_params", json.dumps({k: best[k] for k in params}))
-    client.log_metric(parent_id, f"best_{metric}", best[metric], step=0)
-    for path in files:
-        client.log_artifact(parent_id, str(path))
-    log_final_model(job, uri, parent_id, best_model, step=0)
-    tracking.finish_run(uri, parent_id)
+    client, parent_id = MlflowClient(tracking_uri=parent.uri), parent.run_id
+    with tracking.tracking_errors("recording the best trial"):
+        client.set_tag(parent_id, "albert_dist.best_trial_id", best["trial_id"])
+        client.set_tag(parent_id, f"albert_dist.best_{metric}", str(best[metric]))
+        client.set_tag(parent_id, "albert_dist.best_params", json.dumps({k: best[k] for k in params}))
+        client.log_metric(parent_id, f"best_{metric}", best[metric], step=0)
+        for path in files:
+            client.log_artifact(parent_id, str(path))
+    parent.log_model(classifier_model(job), step=0, files=False)

@@ -15,7 +15,7 @@ from typing import Any
 from albert_dist.config import dump_yaml
 from albert_dist.errors import AlbertDistError
 from albert_dist.files import publish_dir
-from albert_dist.tracking import redact_url
+from albert_dist.tracking import JobRun, redact_url
 from albert_dist.finetune.distill import PROJECTION_FILE
 from albert_dist.tune import mlflow_runs, report, space
 from albert_dist.tune.config import TuneJobConfig
@@ -65,24 +65,24 @@ def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
     from albert_dist.ray_init import ensure_ray
 
     ensure_ray()
-    uri, parent_id = mlflow_runs.parent_run(cfg)
-    setup = TrialSetup(job=cfg.job, driver=cfg.driver, sweep_dir=cfg.sweep_dir, tracking_uri=uri,
-                       parent_run_id=parent_id, metric=cfg.tune_metric,
-                       scaling=cfg.resources_per_trial.scaling_overrides())
-    # The trial function only waits on its TorchTrainer, whose workers hold the trial's CPUs/GPUs (Tune refuses
-    # a trial of no resources at all, hence a token share of one CPU).
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": 0.01})
-    results = _tuner(cfg, trainable, uri).fit()
-    return publish(cfg, results, uri, parent_id)
+    with mlflow_runs.parent_run(cfg) as parent:
+        setup = TrialSetup(job=cfg.job, driver=cfg.driver, sweep_dir=cfg.sweep_dir, tracking_uri=parent.uri,
+                           parent_run_id=parent.run_id, metric=cfg.tune_metric,
+                           scaling=cfg.resources_per_trial.scaling_overrides())
+        # The trial function only waits on its TorchTrainer, whose workers hold the trial's CPUs/GPUs (Tune
+        # refuses a trial of no resources at all, hence a token share of one CPU).
+        trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": 0.01})
+        results = _tuner(cfg, trainable, parent.uri).fit()
+        return publish(cfg, results, parent)
 
 
-def publish(cfg: TuneJobConfig, results, uri: str, parent_id: str) -> SweepOutcome:
+def publish(cfg: TuneJobConfig, results, parent: JobRun) -> SweepOutcome:
     """Rows, files and MLflow records of a finished sweep."""
     metric, mode, sweep_dir, names = cfg.tune_metric, cfg.tune_mode, cfg.sweep_dir, list(cfg.search_space)
     rows = report.rows(results, names, metric, mode, sweep_dir)
     for row in rows:  # idempotent; catches trials whose sweep driver died before Tune's callback ran
-        mlflow_runs.close_child(uri, report.trials_dir(sweep_dir) / row["trial_id"], row["stop_reason"], metric,
-                                row[metric])
+        mlflow_runs.close_child(parent.uri, report.trials_dir(sweep_dir) / row["trial_id"], row["stop_reason"],
+                                metric, row[metric])
     best = rows[0] if rows and rows[0][metric] is not None else None
     if best is None:
         raise AlbertDistError(f"no trial of the sweep {cfg.run.name} reported {metric}; see {sweep_dir}")
@@ -95,10 +95,11 @@ def publish(cfg: TuneJobConfig, results, uri: str, parent_id: str) -> SweepOutco
     source = trial_dir / "model" if (trial_dir / "model").is_dir() else trial_dir / "best_checkpoint"
     publish_dir(best_model, lambda d: shutil.copytree(
         source, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
+    parent.published(best_model)
     files = [report.write_csv(rows, sweep_dir / "trials.csv"),
              report.plot(rows, cfg.distributions, metric, sweep_dir / "trials.png"), best_config]
-    mlflow_runs.publish_best(uri, parent_id, metric, best, names, files, cfg.job, best_model)
-    return SweepOutcome(rows, best, best_config, best_model, uri, parent_id)
+    mlflow_runs.publish_best(parent, metric, best, names, files, cfg.job)
+    return SweepOutcome(rows, best, best_config, best_model, parent.uri, parent.run_id)
 
 
 def run_tune(cfg: TuneJobConfig) -> int:
