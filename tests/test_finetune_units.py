@@ -218,3 +218,13 @@ def test_collate_pads_to_multiple_of_eight():
     batch = data.collate(arrays, 8)
     assert batch["input_ids"].shape == (2, 16)
     assert batch["attention_mask"].sum(1).tolist() == [5, 9]
+
+
+def test_a_repeated_column_is_a_data_error(tmp_path):
+    """Found by the property test: a header naming a column twice broke deep inside pyarrow."""
+    from albert_dist.errors import DataError
+    from albert_dist.finetune.data import read_table
+
+    (tmp_path / "twice.csv").write_text("text,label,text\na,0,b\n")
+    with pytest.raises(DataError, match="column 'text' appears more than once"):
+        read_table(tmp_path / "twice.csv")

@@ -59,6 +59,9 @@ def read_table(path: str | Path, fmt: str = "auto") -> pa.Table:
         raise DataError(f"cannot read {path} as {kind}: {err}") from None
     if table.num_rows == 0:
         raise DataError(f"data file has no rows: {path}")
+    repeated = sorted({name for name in table.column_names if table.column_names.count(name) > 1})
+    if repeated:
+        raise DataError(f"{path}: column {repeated[0]!r} appears more than once in the header")
     return table
 
 
