@@ -297,6 +297,11 @@ def job_run(cfg, job: str, *, tags: dict[str, str] | None = None, params: dict[s
         raise
 
 
+#: MLflow error codes of a request that will never succeed however often it is retried
+REFUSED_FOR_GOOD = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "PERMISSION_DENIED", "UNAUTHENTICATED",
+                    "INVALID_STATE", "BAD_REQUEST"}
+
+
 class MetricsLogger:
     """Rank 0's metric logger: logs batches, buffers them while the tracking server is unreachable.
 
@@ -333,12 +338,20 @@ class MetricsLogger:
         self.flush()
 
     def flush(self) -> bool:
-        """Try to send what is pending; True when nothing is left."""
+        """Try to send what is pending; True when nothing is left. A batch the store refuses for good (a deleted
+        run, a refused permission, an invalid value) is reported and dropped: kept, it would block every later one."""
         try:
             client = _client(self.tracking_uri)
             while self.pending:
-                client.log_batch(self.run_id, metrics=self.pending[:1000])
-                del self.pending[:1000]
+                batch = self.pending[:1000]
+                try:
+                    client.log_batch(self.run_id, metrics=batch)
+                except Exception as err:  # noqa: BLE001 - sorted below: refused for good, or unreachable
+                    if getattr(err, "error_code", None) not in REFUSED_FOR_GOOD:
+                        raise
+                    print(f"warning: MLflow refused {len(batch)} metric value(s) of steps {batch[0].step}-"
+                          f"{batch[-1].step} for good ({err.error_code}: {redact_url(str(err))[:200]}); dropped")
+                del self.pending[:len(batch)]
         except Exception as err:  # noqa: BLE001 - tracking must never stop training
             if not self._warned:
                 print(f"warning: MLflow unreachable ({type(err).__name__}: {redact_url(str(err))[:200]}); "

@@ -152,3 +152,20 @@ def test_a_tracking_failure_after_publishing_names_the_saved_model(store, tmp_pa
     assert message.startswith(f"the model is saved at {model_dir}, but tracking failed: MLflow failed logging")
     assert message.endswith(f"MLflow run {run.run_id} marked FAILED") and "\n" not in message
     assert tracking._client(run.uri).get_run(run.run_id).info.status == "FAILED"
+
+
+def test_metrics_the_store_refuses_for_good_are_dropped_not_retried_forever(tmp_path, capsys):
+    """An invalid value or a run deleted from the store is refused at every retry: such a batch is reported and
+    dropped, so it cannot block the metrics logged after it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.start_or_resume_run(uri, "refused", tmp_path / "run", "refused")
+    logger = tracking.MetricsLogger(uri, run_id)
+    logger({"bad name!": 1.0}, 1)
+    logger({"loss": 2.0}, 2)
+    assert logger.pending == []
+    assert "refused 1 metric value(s) of steps 1-1 for good (INVALID_PARAMETER_VALUE" in capsys.readouterr().out
+    assert [(m.step, m.value) for m in tracking._client(uri).get_metric_history(run_id, "loss")] == [(2, 2.0)]
+
+    tracking._client(uri).delete_run(run_id)
+    logger({"loss": 1.0}, 3)
+    assert logger.pending == [] and "for good" in capsys.readouterr().out
