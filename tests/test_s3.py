@@ -81,6 +81,8 @@ def test_uris_only_where_they_work():
         resolve_path("s3://bucket/x")
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
 def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -102,7 +104,7 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
               f"sys.exit(main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} | s3_env
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "done: step 6" in out.stdout
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "runs" / "s3:").exists()
