@@ -110,7 +110,8 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "runs" / "s3:").exists()
 
     # on the server: the dataset, its shards exactly as the manifest records them, nothing left of the upload
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="prepared/")["Contents"]}
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="prepared/")["Contents"]
+            if not o["Key"].endswith("/")}  # directory markers
     manifest = json.loads(s3.get_object(Bucket=BUCKET, Key="prepared/manifest.json")["Body"].read())
     shards = [s for split in ("train", "eval") for s in manifest["splits"][split]["shards"]]
     data_keys = {"prepared/manifest.json", *(f"prepared/{s['path']}" for s in shards)}
@@ -149,3 +150,22 @@ def cli_args(args: list[str]) -> list[str]:
     """`albert-dist` arguments: the command words, then `--set` for each override."""
     words = [a for a in args if "=" not in a]
     return words + [item for a in args if "=" in a for item in ("--set", a)]
+
+
+def test_upload_replaces_the_old_dataset_whole(tmp_path):
+    """Publishing to a URI (here file://, the same code as s3://) leaves the new dataset and nothing of the old
+    one: a stale shard of a bigger old dataset is gone, the manifest is the new one."""
+    from albert_dist.data.prepare import MANIFEST, _publish
+
+    target = tmp_path / "out"
+    (target / "train").mkdir(parents=True)
+    (target / "train" / "part-00001.parquet").write_bytes(b"old")
+    (target / MANIFEST).write_text("old")
+    stage = tmp_path / "stage"
+    (stage / "train").mkdir(parents=True)
+    (stage / "train" / "part-00000.parquet").write_bytes(b"new")
+    (stage / MANIFEST).write_text("new")
+    _publish(stage, f"file://{target}")
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()) == [
+        MANIFEST, "train/part-00000.parquet"]
+    assert (target / MANIFEST).read_text() == "new"

@@ -346,6 +346,8 @@ def _upload(stage: Path, location: str) -> None:
         fs.delete_file(manifest)
     fs.delete_dir_contents(path, missing_dir_ok=True)  # the old shards (the new data may have fewer)
     for part in sorted(stage.iterdir(), key=lambda p: p.name == MANIFEST):
+        if part.is_dir():
+            fs.create_dir(f"{path}/{part.name}")  # a local file:// target needs it; on S3 an empty marker
         pafs.copy_files(str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=fs)
 
