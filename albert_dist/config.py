@@ -7,6 +7,7 @@ sections below. Unknown keys and impossible values raise `ConfigError` with one 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -28,7 +29,17 @@ class OutputSection(Section):
     key_hints = {"name": "data preparation writes to data.output, under run.output_dir",
                  "seed": "data preparation is seeded by data.seed"}
 
-    output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store.")
+    output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store: "
+                                                "a local or mounted path (data.output may be a URI).")
+
+    @field_validator("output_dir")
+    @classmethod
+    def _local_output_dir(cls, output_dir: str) -> str:
+        if is_uri(output_dir):
+            raise ValueError("a URI, but the run directory (its lock file, checkpoints, models, the default MLflow "
+                             "SQLite store) is written with local file operations: give a local path or a mount "
+                             "every node shares (NFS, EFS, Filestore); data.output may be an s3:// or gs:// URI")
+        return output_dir
 
 
 class RunSection(OutputSection):
@@ -66,6 +77,8 @@ class PretrainedModelSection(Section):
     hidden_dropout_prob: float | None = Field(None, ge=0, lt=1)
     attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1)
     classifier_dropout_prob: float | None = Field(None, ge=0, lt=1)
+
+    _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: local_path(value)))
 
     def overrides(self) -> dict[str, Any]:
         fields = self.model_dump(exclude={"preset", "init_from", "allow_pickle"})
@@ -120,6 +133,8 @@ class TokenizerSection(Section):
     input_sentence_size: int = Field(1_000_000, gt=0, description="Lines sampled from the corpus for training.")
     model_type: Literal["unigram", "bpe"] = Field("unigram", description="SentencePiece only.")
 
+    _local_path = field_validator("path")(classmethod(lambda cls, value: local_path(value)))
+
     @model_validator(mode="after")
     def _options_fit_kind(self) -> "TokenizerSection":
         if self.kind == "wordpiece":
@@ -157,7 +172,9 @@ class PreparationSection(Section):
                             "jsonl/parquet: one document per record.")
     text_field: str = "text"
     language: Literal["auto", "en", "zh"] = "auto"
-    output: str = Field("data/prepared", description="Prepared dataset directory (relative to run.output_dir).")
+    output: str = Field("data/prepared", description="Prepared dataset directory (relative to run.output_dir), or a "
+                                                     "URI (s3://bucket/prefix, gs://...; credentials from the "
+                                                     "environment).")
     max_seq_length: int = Field(128, ge=8, le=8192)
     short_seq_prob: float = Field(0.1, ge=0, le=1)
     dupe_factor: int = Field(1, ge=1)
@@ -171,6 +188,15 @@ class PreparationSection(Section):
     user_dict: str | None = Field(None, description="A jieba user dictionary (one 'word [freq] [tag]' a line).")
     seed: int = 12345
 
+    @field_validator("output")
+    @classmethod
+    def _output_uri_names_a_prefix(cls, output: str) -> str:
+        _refuse_uri_credentials(output)
+        if is_uri(output) and not output.startswith("file://") and "/" not in uri_path(output).strip("/"):
+            raise ValueError("name a prefix inside the bucket (s3://bucket/prefix): publishing replaces "
+                             "everything under it")
+        return output
+
     @model_validator(mode="after")
     def _user_dict_needs_segmenter(self) -> "PreparationSection":
         if self.user_dict and self.word_segmenter is None:
@@ -183,12 +209,19 @@ class DataSection(PreparationSection):
 
     inputs: list[str] = Field(default_factory=list, description="Files, directories or globs (.gz allowed).")
 
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_without_secrets(cls, inputs: list[str]) -> list[str]:
+        for item in inputs:
+            _refuse_uri_credentials(item)
+        return inputs
+
 
 class PretrainDataSection(Section):
     """Pretraining's `data:`: which prepared dataset, and how to read it."""
 
     output: str = Field("data/prepared", description="The prepared dataset (data prepare's data.output; relative "
-                                                     "to run.output_dir).")
+                                                     "to run.output_dir, or a URI).")
     cache: Literal["auto", "memory", "stream"] = Field(
         "auto", description="How pretraining reads the prepared data. memory: once, into Ray's object store (an "
                             "epoch starts in under a second); stream: the Parquet shards again every epoch and "
@@ -357,14 +390,14 @@ def changed_from_default(section: BaseModel, names) -> list[str]:
     return [name for name in names if getattr(section, name) != type(section).model_fields[name].default]
 
 
-def resolve_path(path: str, base: str | Path | None = None) -> Path:
-    """Absolute form of `path`; relative paths sit under `base`, else $ALBERT_DIST_HOME, else the current directory.
+def resolve_path(path: str | Path, base: str | Path | None = None) -> Path:
+    """Absolute form of a local `path`; relative paths sit under `base`, else $ALBERT_DIST_HOME, else the current
+    directory. A URI is refused (`Path("s3://b/x")` would be the local `s3:/b/x`): see `resolve_location`.
 
     Ray jobs run in a temporary copy of the working directory, so outputs must never stay relative to it.
-    URIs (`s3://...`) are returned unchanged, as strings, for pyarrow's filesystems.
     """
     if is_uri(path):
-        return path  # type: ignore[return-value]
+        raise ConfigError(f"{path} is a URI where a local or mounted path is needed")
     p = Path(path).expanduser()
     if p.is_absolute():
         return p
@@ -372,8 +405,46 @@ def resolve_path(path: str, base: str | Path | None = None) -> Path:
     return (root / p).resolve()
 
 
+def resolve_location(path: str, base: str | Path | None = None) -> str:
+    """`resolve_path` for places pyarrow's filesystems reach (`albert_dist.data.readers.filesystem`): URIs
+    (`s3://...`, `gs://...`, `file://...`) unchanged, local paths absolute."""
+    return path if is_uri(path) else str(resolve_path(path, base))
+
+
 def is_uri(path: str | Path) -> bool:
     return "://" in str(path)
+
+
+def local_path(value: str | None) -> str | None:
+    """A field validator's check for paths read with local file operations (model and tokenizer directories)."""
+    if value is not None and is_uri(value):
+        raise ValueError("a URI, but this is read from a local or mounted path (only data.output and data.inputs "
+                         "take URIs)")
+    return value
+
+
+def uri_path(uri: str) -> str:
+    """The bucket and key of `uri` (`bucket/prefix` of `s3://bucket/prefix?region=x`)."""
+    parts = urllib.parse.urlsplit(uri)
+    return parts.netloc.rpartition("@")[2] + parts.path
+
+
+#: pyarrow's URI options that carry credentials (`s3://bucket/x?secret_key=...`)
+_URI_SECRETS = {"access_key", "secret_key", "session_token"}
+
+
+def _refuse_uri_credentials(location: str) -> None:
+    """Refuse a URI that carries credentials: config values are logged to MLflow, stored in checkpoints and in
+    the prepared data's manifest. Credentials come from the environment (AWS_ACCESS_KEY_ID, ...)."""
+    if not is_uri(location):
+        return
+    parts = urllib.parse.urlsplit(location)
+    secrets = _URI_SECRETS & set(urllib.parse.parse_qs(parts.query))
+    if "@" in parts.netloc or secrets:
+        what = ", ".join(sorted(secrets)) or "user info"
+        raise ValueError(f"the URI carries credentials ({what}): they would be logged with the config; set them "
+                         f"in the environment instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                         f"GOOGLE_APPLICATION_CREDENTIALS)")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -438,6 +509,8 @@ def validate_config(cls: type[ConfigT], raw: dict[str, Any], source: str = "conf
 
 
 def format_validation_error(err: ValidationError, cls: type[BaseModel] | None = None) -> str:
+    from albert_dist.tracking import redact_url  # tracking imports this module
+
     problems = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "config"
@@ -445,7 +518,7 @@ def format_validation_error(err: ValidationError, cls: type[BaseModel] | None = 
         if e["type"] == "extra_forbidden":
             hint = _key_hint(cls, e["loc"])
             msg = "unknown key" + (f" ({hint})" if hint else "")
-        problems.append(f"{where}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
+        problems.append(f"{where}: {msg}" + (f" (got {redact_url(repr(e['input']))})" if e["type"] != "extra_forbidden"
                                               and not isinstance(e.get("input"), dict) else ""))
     return "; ".join(problems)
 

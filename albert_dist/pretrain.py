@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from albert_dist import mlflow_models, run_lock, tracking
-from albert_dist.config import PretrainJobConfig, flatten, resolve_path
+from albert_dist.config import PretrainJobConfig, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.files import publish_dir
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
@@ -117,11 +117,11 @@ class PretrainingTask(TrainingTask):
                                        for i in range(count)])
 
     def save_model(self, model, directory: Path) -> None:
-        from albert_dist.tokenizer import load_tokenizer
+        from albert_dist.data.loading import load_prepared
 
         model.save_pretrained(directory)
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(Path(self.config["prepared_dir"]) / "tokenizer")
+        if self._tokenizer is None:  # through the data's filesystem: the prepared data may be a URI
+            self._tokenizer = load_prepared(self.config["prepared_dir"]).tokenizer
         self._tokenizer.save(directory)
 
     def flops_per_token(self, model) -> float:
@@ -141,8 +141,11 @@ class PretrainOutcome:
     metrics: dict[str, Any]
 
 
-def prepared_dir(cfg: PretrainJobConfig) -> Path:
-    return resolve_path(cfg.data.output, base=resolve_path(cfg.run.output_dir))
+def prepared_dir(cfg: PretrainJobConfig) -> str:
+    """The prepared data's local path or URI (`data.output` under `run.output_dir`)."""
+    from albert_dist.data.prepare import output_location
+
+    return output_location(cfg)
 
 
 @run_lock.one_driver_per_run
@@ -187,7 +190,7 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     return PretrainOutcome(model_dir, best_dir, run.uri, run.run_id, result.metrics)
 
 
-def task_settings(cfg: PretrainJobConfig, prepared, data_dir: Path, model_config: AlbertConfig | None = None
+def task_settings(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_config: AlbertConfig | None = None
                   ) -> dict[str, Any]:
     """The `PretrainingTask` config of a job on the prepared data `prepared` (read from `data_dir`)."""
     manifest = prepared.manifest

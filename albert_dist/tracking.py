@@ -35,6 +35,8 @@ DIGEST_CHARS = 12  # of a dataset digest (MLflow keeps at most 36)
 _SECRET_NAME = re.compile(r"(token|password|passwd|secret|credential|api[_-]?key|access[_-]?key)", re.I)
 # The user info of a URL (`https://user:password@host`): written as *** wherever a URL is shown or logged.
 _URL_USER_INFO = re.compile(r"(?P<scheme>\b[a-zA-Z][\w+.-]*://)[^/@\s]+@")
+# A URL's query parameter (`?secret_key=...`): its value is written as *** when the name looks like a secret's.
+_URL_QUERY_PARAM = re.compile(r"(?P<key>[?&](?P<name>[^=&#\s]+)=)[^&#\s'\"]*")
 
 
 def _client(tracking_uri: str):
@@ -162,8 +164,10 @@ def redact(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def redact_url(text: str, mask: str = "***@") -> str:
-    """`text` with the user info (`user:password@`) of every URL in it replaced by `mask`."""
-    return _URL_USER_INFO.sub(lambda match: match["scheme"] + mask, text)
+    """`text` with the user info (`user:password@`) of every URL in it replaced by `mask`, and the values of its
+    query parameters named like secrets (`?secret_key=...`) by ***."""
+    text = _URL_USER_INFO.sub(lambda match: match["scheme"] + mask, text)
+    return _URL_QUERY_PARAM.sub(lambda m: m["key"] + "***" if is_secret_name(m["name"]) else m[0], text)
 
 
 def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 import pytest
 
 from albert_dist.config import (DataJobConfig, PretrainJobConfig, apply_overrides, flatten, load_config,
-                                resolve_path)
+                                resolve_location, resolve_path)
 from albert_dist.errors import ConfigError
 
 
@@ -78,7 +78,7 @@ def test_relative_paths_do_not_depend_on_the_job_working_dir(tmp_path, monkeypat
     monkeypatch.setenv("ALBERT_DIST_HOME", str(tmp_path))
     assert resolve_path("runs") == tmp_path / "runs"
     assert resolve_path("/abs/x") == resolve_path("/abs/x").resolve()
-    assert resolve_path("s3://bucket/x") == "s3://bucket/x"
+    assert resolve_location("s3://bucket/x", base="/base") == "s3://bucket/x"  # URIs: tests/test_s3.py
     assert resolve_path("data", base="/base") == resolve_path("/base/data")
 
 

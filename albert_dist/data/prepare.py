@@ -14,7 +14,6 @@ import json
 import shutil
 import tempfile
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +21,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_dist.config import DataJobConfig, is_uri, resolve_path
+from albert_dist.config import DataJobConfig, PretrainJobConfig, is_uri, resolve_location, resolve_path
 from albert_dist.data.instances import InstanceSpec
 from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, DocumentProcessor, ProcessSettings,
@@ -37,9 +36,9 @@ _DOCS_PER_BATCH = 64
 _READ_CPUS = 0.25  # reading is light; leave the CPUs to the tokenizer actors
 
 
-def output_location(cfg: DataJobConfig) -> str:
+def output_location(cfg: DataJobConfig | PretrainJobConfig) -> str:
     """`data.output` under `run.output_dir`; absolute paths and URIs as given."""
-    return str(resolve_path(cfg.data.output, base=resolve_path(cfg.run.output_dir)))
+    return resolve_location(cfg.data.output, base=resolve_path(cfg.run.output_dir))
 
 
 def run_prepare(cfg: DataJobConfig) -> int:
@@ -141,7 +140,7 @@ def _read_user_dict(path: str | None) -> str | None:
     """The jieba user dictionary's text, read on the driver so that actors on any node get it."""
     if not path:
         return None
-    fs, location = filesystem(str(resolve_path(path)))
+    fs, location = filesystem(resolve_location(path))
     try:
         with fs.open_input_stream(location) as f:
             return f.read().decode("utf-8")
@@ -302,8 +301,8 @@ def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, su
 def _staging(location: str):
     """A local staging directory, published to `location` on success (replacing what was there), else removed.
 
-    Local outputs are staged next to the target and swapped in (`files.publishing_dir`); URIs are staged locally,
-    uploaded beside the target, then moved over it.
+    Local outputs are staged next to the target and swapped in (`files.publishing_dir`); URIs are staged locally
+    and uploaded (`_upload`).
     """
     with disk_full_errors(f"the prepared data for {location}", DataError):
         if not is_uri(location):
@@ -319,14 +318,22 @@ def _staging(location: str):
 
 
 def _upload(stage: Path, location: str) -> None:
+    """Publish `stage` under the URI `location` with the manifest last: object stores rename nothing atomically
+    (a "move" of a prefix copies object by object), but a dataset is only read through its manifest, so the old
+    one stops being a dataset before anything of it is replaced, and the new one becomes one with its last
+    object. An upload that fails half-way leaves no manifest, which `load_prepared` reports."""
     import pyarrow.fs as pafs
 
     fs, path = filesystem(location)
-    upload = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    pafs.copy_files(str(stage), upload, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-    if fs.get_file_info(path).type != pafs.FileType.NotFound:
-        fs.delete_dir(path)
-    fs.move(upload, path)
+    manifest = f"{path}/{MANIFEST}"
+    if fs.get_file_info(manifest).type == pafs.FileType.File:
+        fs.delete_file(manifest)
+    fs.delete_dir_contents(path, missing_dir_ok=True)  # the old shards (the new data may have fewer)
+    for part in sorted(stage.iterdir(), key=lambda p: p.name == MANIFEST):
+        if part.is_dir():
+            fs.create_dir(f"{path}/{part.name}")  # a local file:// target needs it; on S3 an empty marker
+        pafs.copy_files(str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=fs)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,170 @@
+"""Prepared data on object storage, end to end against a real S3-compatible server (moto's standalone server, a
+process on 127.0.0.1): `albert-dist data prepare` reads the corpus from S3 and uploads the dataset there,
+`albert-dist pretrain` trains from it through Ray Data; a shard changed on the server is caught; URIs where only a
+local path works are refused at validation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from mlflow_server import free_port
+
+from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config, resolve_path
+from albert_dist.errors import ConfigError, DataError
+
+BUCKET = "albert-test"
+TINY_MODEL = ["model.embedding_size=32", "model.hidden_size=64", "model.num_hidden_layers=2",
+              "model.num_attention_heads=2", "model.intermediate_size=128"]
+
+
+@pytest.fixture(scope="module")
+def s3_env():
+    """A moto S3 server on a free loopback port, killed at the end; the AWS_* variables that point pyarrow, boto3
+    and the jobs at it (the secret key random, to search the outputs for)."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, "moto server did not start"
+            time.sleep(0.2)
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "albert-test", "AWS_REGION": "us-east-1",
+           "AWS_SECRET_ACCESS_KEY": secrets.token_hex(16), "AWS_EC2_METADATA_DISABLED": "true"}
+    try:
+        yield env
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def s3_client(env: dict[str, str]):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
+                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+
+
+def test_uris_only_where_they_work():
+    """run.output_dir (and the model/tokenizer paths read locally) refuse URIs at validation, naming the field and
+    what works instead; a URI with credentials in it is refused without echoing them; no local `s3:` folder."""
+    for cls in (DataJobConfig, PretrainJobConfig):
+        with pytest.raises(ConfigError, match=r"run\.output_dir: a URI.*local path or a mount.*data\.output may be"):
+            load_config(cls, None, ["run.output_dir=s3://bucket/out"])
+    for field in ("model.init_from", "tokenizer.path"):
+        with pytest.raises(ConfigError, match=rf"{field}: a URI, but this is read from a local or mounted path"):
+            load_config(PretrainJobConfig if field.startswith("model") else DataJobConfig, None,
+                        [f"{field}=gs://bucket/model"])
+    with pytest.raises(ConfigError, match=r"data\.output: the URI carries credentials \(secret_key\)") as err:
+        load_config(DataJobConfig, None, ["data.output=s3://bucket/x?endpoint_override=h:9000&secret_key=hunter2"])
+    assert "hunter2" not in str(err.value) and "endpoint_override=h:9000" in str(err.value)
+    with pytest.raises(ConfigError, match=r"data\.inputs: the URI carries credentials \(user info\)") as err:
+        load_config(DataJobConfig, None, ["data.inputs=[s3://key:hunter2@bucket/corpus]"])
+    assert "hunter2" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"data\.output: name a prefix inside the bucket"):
+        load_config(DataJobConfig, None, ["data.output=s3://bucket"])
+    with pytest.raises(ConfigError, match="is a URI where a local or mounted path is needed"):
+        resolve_path("s3://bucket/x")
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from albert_dist.data.loading import load_prepared
+
+    s3 = s3_client(s3_env)
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key="corpus/stdlib.txt", Body=stdlib_corpus.read_bytes()[:120_000])
+    data = f"s3://{BUCKET}/prepared"
+    common = [f"run.output_dir={tmp_path / 'runs'}", f"data.output={data}", "data.max_seq_length=64"]
+    prepare = ["data", "prepare", *common, f"data.inputs=[s3://{BUCKET}/corpus]", "tokenizer.vocab_size=300",
+               "data.eval_fraction=0.1"]
+    pretrain = ["pretrain", *common, "run.name=s3run", *TINY_MODEL, "scaling.num_workers=1", "train.precision=fp32",
+                "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=8", "train.log_every=2",
+                "train.eval_every=3", "train.checkpoint_every=3", "train.eval_batches=2", "train.max_failures=0"]
+    # both commands in one process, its own local Ray: the session Ray's workers were started without the
+    # AWS_* variables, and a job's workers take credentials from their environment as a cluster's nodes do
+    script = ("import sys\nfrom albert_dist.cli import main\n"
+              f"sys.exit(main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} | s3_env
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "done: step 6" in out.stdout
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "runs" / "s3:").exists()
+
+    # on the server: the dataset, its shards exactly as the manifest records them, nothing left of the upload
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="prepared/")["Contents"]
+            if not o["Key"].endswith("/")}  # directory markers
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key="prepared/manifest.json")["Body"].read())
+    shards = [s for split in ("train", "eval") for s in manifest["splits"][split]["shards"]]
+    data_keys = {"prepared/manifest.json", *(f"prepared/{s['path']}" for s in shards)}
+    assert data_keys <= keys and "prepared/tokenizer/spiece.model" in keys
+    assert all(k.startswith("prepared/tokenizer/") for k in keys - data_keys)
+    assert manifest["inputs"] == [f"s3://{BUCKET}/corpus/stdlib.txt"]
+    for shard in shards:
+        body = s3.get_object(Bucket=BUCKET, Key=f"prepared/{shard['path']}")["Body"].read()
+        assert hashlib.sha256(body).hexdigest() == shard["sha256"]
+
+    # the run trained from S3 and says so, without the credentials anywhere in MLflow
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    [run] = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["data.prepared_dir"] == data and run.data.params["data.output"] == data
+    assert client.get_metric_history(run.info.run_id, "loss")[-1].step == 6
+    logged = json.dumps([run.data.params, run.data.tags]) + out.stdout + out.stderr
+    assert s3_env["AWS_SECRET_ACCESS_KEY"] not in logged
+    assert (tmp_path / "runs" / "s3run" / "model" / "spiece.model").read_bytes() == \
+        s3.get_object(Bucket=BUCKET, Key="prepared/tokenizer/spiece.model")["Body"].read()
+
+    # a shard changed on the server after preparation is caught before any training
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    prepared = load_prepared(data)
+    assert prepared.verify_shards() == len(shards)
+    first = f"prepared/{shards[0]['path']}"
+    body = bytearray(s3.get_object(Bucket=BUCKET, Key=first)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.put_object(Bucket=BUCKET, Key=first, Body=bytes(body))
+    with pytest.raises(DataError, match=rf"shard {shards[0]['path']} does not match its sha256"):
+        prepared.verify_shards()
+
+
+def cli_args(args: list[str]) -> list[str]:
+    """`albert-dist` arguments: the command words, then `--set` for each override."""
+    words = [a for a in args if "=" not in a]
+    return words + [item for a in args if "=" in a for item in ("--set", a)]
+
+
+def test_upload_replaces_the_old_dataset_whole(tmp_path):
+    """Publishing to a URI (here file://, the same code as s3://) leaves the new dataset and nothing of the old
+    one: a stale shard of a bigger old dataset is gone, the manifest is the new one."""
+    from albert_dist.data.prepare import MANIFEST, _publish
+
+    target = tmp_path / "out"
+    (target / "train").mkdir(parents=True)
+    (target / "train" / "part-00001.parquet").write_bytes(b"old")
+    (target / MANIFEST).write_text("old")
+    stage = tmp_path / "stage"
+    (stage / "train").mkdir(parents=True)
+    (stage / "train" / "part-00000.parquet").write_bytes(b"new")
+    (stage / MANIFEST).write_text("new")
+    _publish(stage, f"file://{target}")
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()) == [
+        MANIFEST, "train/part-00000.parquet"]
+    assert (target / MANIFEST).read_text() == "new"
