@@ -154,7 +154,7 @@ def cli_args(args: list[str]) -> list[str]:
 def test_upload_replaces_the_old_dataset_whole(tmp_path):
     """Publishing to a URI (here file://, the same code as s3://) leaves the new dataset and nothing of the old
     one: a stale shard of a bigger old dataset is gone, the manifest is the new one."""
-    from albert_dist.data.prepare import MANIFEST, _publish
+    from albert_dist.data.prepare import MANIFEST, _upload
 
     target = tmp_path / "out"
     (target / "train").mkdir(parents=True)
@@ -164,7 +164,7 @@ def test_upload_replaces_the_old_dataset_whole(tmp_path):
     (stage / "train").mkdir(parents=True)
     (stage / "train" / "part-00000.parquet").write_bytes(b"new")
     (stage / MANIFEST).write_text("new")
-    _publish(stage, f"file://{target}")
+    _upload(stage, f"file://{target}")
     assert sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()) == [
         MANIFEST, "train/part-00000.parquet"]
     assert (target / MANIFEST).read_text() == "new"
