@@ -34,7 +34,7 @@ def start_server(store: Path, port: int) -> subprocess.Popen:
         except OSError:
             assert process.poll() is None, "mlflow server exited"
             time.sleep(0.5)
-    process.kill()
+    stop_server(process)  # its whole process group: the server's workers too
     pytest.fail("mlflow server did not start")
 
 
