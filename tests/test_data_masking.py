@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from albert_dist.config import MaskingSection
+from albert_dist.config import PrepareMaskingSection
 from albert_dist.data.masking import IGNORE_INDEX, MaskingCollator, batch_rng, pad_ragged
 from test_data_support import english_tokenizer, instance_batch  # noqa: F401 - fixture
 
@@ -16,7 +16,7 @@ def batch(english_tokenizer, stdlib_corpus):
 
 
 def collator(tokenizer, **overrides):
-    return MaskingCollator.from_tokenizer(tokenizer, MaskingSection(**overrides))
+    return MaskingCollator.from_tokenizer(tokenizer, PrepareMaskingSection(**overrides))
 
 
 def originals(batch, width):

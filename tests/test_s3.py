@@ -91,9 +91,9 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     s3.create_bucket(Bucket=BUCKET)
     s3.put_object(Bucket=BUCKET, Key="corpus/stdlib.txt", Body=stdlib_corpus.read_bytes()[:120_000])
     data = f"s3://{BUCKET}/prepared"
-    common = [f"run.output_dir={tmp_path / 'runs'}", f"data.output={data}", "data.max_seq_length=64"]
+    common = [f"run.output_dir={tmp_path / 'runs'}", f"data.output={data}"]
     prepare = ["data", "prepare", *common, f"data.inputs=[s3://{BUCKET}/corpus]", "tokenizer.vocab_size=300",
-               "data.eval_fraction=0.1"]
+               "data.eval_fraction=0.1", "data.max_seq_length=64"]
     pretrain = ["pretrain", *common, "run.name=s3run", *TINY_MODEL, "scaling.num_workers=1", "train.precision=fp32",
                 "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=8", "train.log_every=2",
                 "train.eval_every=3", "train.checkpoint_every=3", "train.eval_batches=2", "train.max_failures=0"]
