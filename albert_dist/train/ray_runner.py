@@ -138,7 +138,7 @@ def _check_relaunch(storage_dir: Path, fingerprint: dict[str, Any], resume_chang
     latest = resume_directory(None, storage_dir, _silent) if storage_dir.is_dir() else None
     if latest is None:
         return
-    manifest = checkpointing.verify_manifest(latest)
+    manifest = json.loads((latest / checkpointing.MANIFEST).read_text())  # resume_directory verified it
     changes = checkpointing.fingerprint_changes(manifest.get("fingerprint"), fingerprint)
     if not changes:
         return
