@@ -57,18 +57,29 @@ def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path, run_n
     id_file = run_dir / RUN_ID_FILE
     if id_file.is_file():
         run_id = id_file.read_text().strip()
-        try:
-            client.get_run(run_id)
-            client.update_run(run_id, status="RUNNING")
+        if _run_is_live(client, run_id):
             from mlflow.entities import RunTag
 
+            client.update_run(run_id, status="RUNNING")
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             return run_id
-        except Exception:  # noqa: BLE001 - a run deleted from the store: start a new one
-            log.warning("MLflow run %s recorded in %s no longer exists; starting a new run", run_id, id_file)
+        log.warning("MLflow run %s recorded in %s was deleted from the store; starting a new run", run_id, id_file)
     run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags={**default_tags(), **tags})
     publish_text(id_file, run.info.run_id)
     return run.info.run_id
+
+
+def _run_is_live(client, run_id: str) -> bool:
+    """Whether the recorded run is in the store and not deleted. Only a definite "no" makes a new run: any other
+    error (a server restarting, a timeout) propagates, as a second run would split the job's history in two."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise
 
 
 def experiment_id(client, name: str) -> str:

@@ -72,6 +72,22 @@ def test_run_is_reused_from_the_run_directory_and_secrets_are_redacted(tmp_path)
     assert client.get_run(first).data.params["train.steps"] == "5"
 
 
+def test_a_new_run_replaces_a_deleted_one_but_not_one_the_store_failed_to_find(tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking._client(uri)
+    first = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
+    client.delete_run(first)
+    second = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
+    assert second != first and (tmp_path / "run" / tracking.RUN_ID_FILE).read_text() == second
+    # any other error asking for the recorded run stops the job: a second run would split its history in two
+    (tmp_path / "run" / tracking.RUN_ID_FILE).write_text("../not-a-run-id")
+    with pytest.raises(MlflowException, match="not-a-run-id"):
+        tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
+    assert len(client.search_runs([client.get_experiment_by_name("exp").experiment_id], run_view_type=3)) == 2
+
+
 def test_default_store_keeps_artifacts_beside_its_database(tmp_path, monkeypatch):
     from albert_dist.config import TrackingSection
 
