@@ -257,5 +257,5 @@ def run_pretrain(cfg: PretrainJobConfig) -> int:
     print(f"done: step {m.get('step')}, mlm_accuracy {m.get('mlm_accuracy', float('nan')):.3f}, "
           f"sop_accuracy {m.get('sop_accuracy', float('nan')):.3f}")
     print(f"model: {outcome.model_dir}\nbest model: {outcome.best_model_dir}")
-    print(f"MLflow run {outcome.run_id} at {tracking.redact_url(outcome.tracking_uri)}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    print(tracking.where_to_find(outcome.tracking_uri, outcome.run_id))
     return 0

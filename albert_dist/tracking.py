@@ -388,6 +388,11 @@ def log_text(tracking_uri: str, run_id: str, text: str, artifact_file: str) -> N
     _client(tracking_uri).log_text(run_id, redact_url(text), artifact_file)
 
 
+def where_to_find(tracking_uri: str, run_id: str) -> str:
+    """The two lines a job ends on: its run in the (redacted) store, and how to open the MLflow UI on it."""
+    return f"MLflow run {run_id} at {redact_url(tracking_uri)}\nMLflow UI: {ui_hint(tracking_uri)}"
+
+
 def ui_hint(tracking_uri: str) -> str:
     if tracking_uri.startswith("sqlite:"):
         return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"

@@ -185,3 +185,12 @@ def test_metrics_the_store_refuses_for_good_are_dropped_not_retried_forever(tmp_
     tracking._client(uri).delete_run(run_id)
     logger({"loss": 1.0}, 3)
     assert logger.pending == [] and "for good" in capsys.readouterr().out
+
+
+def test_a_job_says_where_its_run_is_without_the_stores_credentials():
+    server = tracking.where_to_find("https://alice:s3cret@mlflow.example:5000", "abc123")
+    assert server.splitlines() == ["MLflow run abc123 at https://***@mlflow.example:5000",
+                                   "MLflow UI: open https://***@mlflow.example:5000 (through an SSH tunnel or "
+                                   "port-forward when it is remote)"]
+    local = tracking.where_to_find("sqlite:////runs/mlflow.db", "abc123")
+    assert local.endswith("mlflow ui --backend-store-uri sqlite:////runs/mlflow.db --host 127.0.0.1 --port 5000")

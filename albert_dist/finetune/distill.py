@@ -293,5 +293,5 @@ def run_distill(cfg: DistillJobConfig) -> int:
           f"{m['teacher_sequences_per_s']:.0f}/s, student {m['student_sequences_per_s']:.0f}/s, "
           f"speedup ×{m['speedup']:.2f}")
     print(f"student model: {outcome.model_dir}")
-    print(f"MLflow run {outcome.run_id} at {tracking.redact_url(outcome.tracking_uri)}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    print(tracking.where_to_find(outcome.tracking_uri, outcome.run_id))
     return 0

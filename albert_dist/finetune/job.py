@@ -202,5 +202,5 @@ def run_finetune(cfg: FinetuneJobConfig) -> int:
     print(f"done: step {m.get('step')}{stopped}; best model by dev {cfg.finetune.best_metric}:")
     print("  " + " | ".join(f"{k} {v:.4f}" for k, v in outcome.metrics.items()))
     print(f"model: {outcome.model_dir}")
-    print(f"MLflow run {outcome.run_id} at {tracking.redact_url(outcome.tracking_uri)}\nMLflow UI: {tracking.ui_hint(outcome.tracking_uri)}")
+    print(tracking.where_to_find(outcome.tracking_uri, outcome.run_id))
     return 0
