@@ -2,7 +2,8 @@
 
 The head (10.201.0.1) runs the driver and an MLflow server; the worker node (10.201.0.2) is another network host.
 A 2-worker pretraining run with STRICT_SPREAD puts one DDP (gloo) rank on each and checkpoints to a directory both
-see (same filesystem). Needs root for `ip netns`; skipped where namespaces are refused.
+see (same filesystem). Ray wants its token on both hosts and the MLflow server its password, as on a real cluster.
+Needs root for `ip netns`; skipped where namespaces are refused.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -78,6 +80,23 @@ class Hosts:
         subprocess.run(["ip", "link", "del", f"{self.tag}a"], capture_output=True)  # only if never moved
 
 
+def write_secret(path: Path) -> str:
+    """A fresh secret in a file only this user can read."""
+    secret = secrets.token_urlsafe(32)
+    path.touch(mode=0o600)
+    path.write_text(secret + "\n")
+    return secret
+
+
+def basic_auth_config(root: Path, password: str) -> Path:
+    """MLflow's basic-auth settings: nobody but the admin may read or write (cluster/local/start.sh's)."""
+    config = root / "mlflow_auth.ini"
+    config.write_text(f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = sqlite:///{root}/basic_auth.db\n"
+                      f"admin_username = admin\nadmin_password = {password}\n"
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    return config
+
+
 @pytest.fixture
 def hosts():
     if os.geteuid() != 0 or not shutil.which("ip"):
@@ -96,7 +115,11 @@ def hosts():
 
 def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
     root = Path(tempfile.mkdtemp(prefix="adn-", dir="/tmp"))  # short: Ray's socket paths live below it
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "disabled",
+    # both hosts' Ray wants its token, the tracking server its password, as cluster/local/start.sh sets them up
+    token, password = write_secret(root / "ray_auth_token"), write_secret(root / "mlflow_admin_password")
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN_PATH": str(root / "ray_auth_token"), "MLFLOW_TRACKING_USERNAME": "admin",
+           "MLFLOW_TRACKING_PASSWORD": password,
            "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", "ALBERT_DIST_HOME": str(root / "out"),
            "MLFLOW_TRACKING_URI": f"http://{HEAD_IP}:{MLFLOW_PORT}", "PYTHONPATH": str(REPO),
            # this machine's hostname resolves to 127.0.0.1: name the interface Gloo should use between hosts
@@ -108,9 +131,11 @@ def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
         subprocess.Popen(
             ["ip", "netns", "exec", hosts.head, str(BIN / "mlflow"), "server", "--host", HEAD_IP, "--port",
              str(MLFLOW_PORT), "--workers", "1", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-             "--artifacts-destination", str(root / "artifacts")],
-            env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+             "--artifacts-destination", str(root / "artifacts"), "--app-name", "basic-auth"],
+            env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+                 "MLFLOW_AUTH_CONFIG_PATH": str(basic_auth_config(root, password)),
+                 "MLFLOW_FLASK_SERVER_SECRET_KEY": write_secret(root / "mlflow_secret_key")},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # 2 logical CPUs a node: one Train worker (0.5) each, and room for the Ray Data tasks that feed it
         node = ["--num-cpus", "2", "--object-store-memory", "300000000", "--disable-usage-stats"]
         logs = root / "logs"
@@ -143,6 +168,16 @@ def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
         run = json.loads(in_head.strip().splitlines()[-1])
         assert run["status"] == "FINISHED" and run["world_size"] == "2"
         assert {"loss", "mlm_accuracy"} <= set(run["metrics"])
+        # the run went through the password: the tracking server refuses a request without it, from either host
+        unauthenticated = {k: v for k, v in env.items() if not k.startswith("MLFLOW_TRACKING_")}
+        refused = hosts.run(hosts.worker, ["python", "-c", (
+            "import sys, urllib.error, urllib.request\n"
+            "try: urllib.request.urlopen(sys.argv[1], timeout=30); print('status 200')\n"
+            "except urllib.error.HTTPError as err: print('status', err.code)"),
+            f"http://{HEAD_IP}:{MLFLOW_PORT}/api/2.0/mlflow/runs/get?run_id={run_id}"], unauthenticated, 120,
+            logs / "refused.txt")
+        assert refused.strip().splitlines()[-1] == "status 401", refused
+        assert token not in trained and password not in trained
     finally:
         hosts.close()  # before removing the directories its processes write to
         shutil.rmtree(root, ignore_errors=True)
