@@ -135,11 +135,12 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from albert_dist.console import quiet_mlflow, set_verbose
+
     args = build_parser().parse_args(argv)
     if getattr(args, "verbose", False):
-        from albert_dist.console import set_verbose
-
         set_verbose()
+    quiet_mlflow()
     try:
         return args.handler(args)
     except AlbertDistError as err:

@@ -56,6 +56,22 @@ def quiet_ray() -> Path | None:
     return path
 
 
+def quiet_mlflow() -> None:
+    """Quiet mode: MLflow's INFO lines about setting up a new SQLite store are not shown."""
+    if not verbose():
+        for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def quiet_optuna() -> None:
+    """Quiet mode: Optuna's INFO lines ("A new study created in memory ...") are not shown. Call after importing
+    it: Optuna sets its own level when first imported."""
+    if not verbose():
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 _file_lock = threading.Lock()
 
 

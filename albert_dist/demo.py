@@ -111,7 +111,7 @@ def run_demo(cfg: DemoJobConfig) -> int:
           "what a function returns?")
     task_file = write_classification_task(corpus, root / "corpus" / "docstring_sentences.csv")
     ft_train = {"max_steps": cfg.finetune_steps, "batch_size": 16,
-                "learning_rate": 3e-4, "log_every": 25, "eval_every": 50, "checkpoint_every": cfg.finetune_steps}
+                "learning_rate": 3e-4, "log_every": 50, "eval_every": 50, "checkpoint_every": cfg.finetune_steps}
     shared = {"data": {"train": str(task_file), "max_seq_length": 64, "dev_fraction": 0.2},
               "scaling": cfg.scaling.model_dump(), "tracking": cfg.tracking.model_dump()}
     ft_cfg = FinetuneJobConfig.model_validate({

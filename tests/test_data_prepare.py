@@ -171,3 +171,17 @@ def test_messy_text_is_counted(ray_session, english_tokenizer, tmp_path):
     assert (s["files"], s["empty_files"], s["documents"], s["replaced_chars"]) == (2, 1, 4, 1)
     assert s["one_sentence_documents"] == 1 and s["long_sentences_cut"] == 1 and s["sentences_cut_in_two"] >= 1
     assert s["tokens"] > 2_000_000 and s["train_instances"] > 100
+
+
+def test_the_summary_prints_in_two_lines_with_only_the_counters_that_are_not_zero():
+    from albert_dist.data.prepare import format_summary
+
+    summary = {"files": 2, "bytes": 12_345, "documents": 40, "eval_documents": 2, "sentences": 300, "tokens": 9_000,
+               "instances": 120, "train_instances": 114, "eval_instances": 6, "empty_files": 0,
+               "tokens_truncated": 1_234, "replaced_chars": 0, "one_sentence_documents": 3, "seconds": 1.5,
+               "tokens_per_second": 6000.0, "instances_per_second": 80.0}
+    headline, counters = format_summary(summary).splitlines()
+    assert "2 file(s), 12,345 bytes → 40 documents (2 held out)" in headline and "120 instances (114 train, 6 eval)" \
+        in headline and "6,000 tokens/s" in headline
+    assert counters == "data: tokens_truncated 1,234, one_sentence_documents 3"
+    assert len(format_summary({**summary, "tokens_truncated": 0, "one_sentence_documents": 0}).splitlines()) == 1

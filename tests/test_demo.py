@@ -87,3 +87,9 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     progress = [line for line in log.splitlines() if re.search(r"\) step \d+/\d+ \|", line)]
     assert progress and len(progress) == len(set(progress)), progress
     assert "Reporting training result" not in log  # Ray Train's per-report INFO line, metrics dict and all
+    # quiet: our stage headers, progress lines and summaries, one line per sweep trial's start and end, not Tune's
+    # live tables; no error-level line, no library's INFO or deprecation lines (they go to the hidden log)
+    lines = log.splitlines()
+    assert len(lines) < 80, log
+    assert len([line for line in lines if line.startswith("sweep: trial ")]) == 4 and "Trial status" not in log
+    assert not [line for line in lines if re.search(r"\b(E|ERROR|INFO|\[I)\b|Warning:", line)], log

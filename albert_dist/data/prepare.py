@@ -133,7 +133,7 @@ def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally, us
                                                   "collator": collator, "tally": tally},
         compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
         num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)),
-        ray_remote_args_fn=lambda: {"max_restarts": 0})  # Ray Data has no named parameter for it
+        max_restarts=0)
 
 
 def _read_user_dict(path: str | None) -> str | None:
@@ -353,9 +353,21 @@ def _execution_context(progress_bars: bool):
          ctx.enable_progress_bars) = saved
 
 
+#: the summary's headline figures, as `format_summary` words them; its other counters are printed when not zero
+_HEADLINE = ("files", "bytes", "documents", "eval_documents", "sentences", "tokens", "instances", "train_instances",
+             "eval_instances", "seconds", "tokens_per_second", "instances_per_second")
+
+
 def format_summary(summary: dict[str, Any]) -> str:
-    width = max(len(k) for k in summary)
-    lines = ["data prepare summary:"]
-    for key, value in summary.items():
-        lines.append(f"  {key:<{width}}  {value:,}" if isinstance(value, int) else f"  {key:<{width}}  {value}")
+    """Two lines: what went in and came out, then the counters of what was cut, skipped or replaced (those not
+    zero). The whole summary is in the manifest and the MLflow run."""
+    s = {k: summary.get(k, 0) for k in _HEADLINE}
+    lines = [f"data: {s['files']:,} file(s), {s['bytes']:,} bytes → {s['documents']:,} documents "
+             f"({s['eval_documents']:,} held out), {s['sentences']:,} sentences, {s['tokens']:,} tokens → "
+             f"{s['instances']:,} instances ({s['train_instances']:,} train, {s['eval_instances']:,} eval) in "
+             f"{s['seconds']:g} s ({s['tokens_per_second']:,.0f} tokens/s)"]
+    counters = [f"{k} {v:,}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in summary.items()
+                if k not in _HEADLINE and v]
+    if counters:
+        lines.append("data: " + ", ".join(counters))
     return "\n".join(lines)

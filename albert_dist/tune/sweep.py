@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.config import dump_yaml
+from albert_dist.console import quiet_optuna, verbose
 from albert_dist.errors import AlbertDistError
 from albert_dist.files import publish_dir
 from albert_dist.tracking import JobRun, redact_url
@@ -46,6 +47,7 @@ def _tuner(cfg: TuneJobConfig, trainable, uri: str):
     scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=s.grace_period,
                               reduction_factor=s.reduction_factor, max_t=s.max_t) if s.kind == "asha" else None
     # Tune applies max_concurrent_trials to a Searcher (Optuna) itself, not to a BasicVariantGenerator instance.
+    quiet_optuna()
     search = OptunaSearch(seed=cfg.run.seed) if cfg.search_alg == "optuna" else BasicVariantGenerator(
         max_concurrent=cfg.max_concurrent_trials, random_state=cfg.run.seed)
     return tune.Tuner(
@@ -54,9 +56,12 @@ def _tuner(cfg: TuneJobConfig, trainable, uri: str):
         tune_config=tune.TuneConfig(metric=cfg.tune_metric, mode=cfg.tune_mode, search_alg=search,
                                     scheduler=scheduler, num_samples=cfg.num_samples,
                                     max_concurrent_trials=cfg.max_concurrent_trials),
-        run_config=tune.RunConfig(name=cfg.run.name, storage_path=str(sweep_dir.parent),
-                                  callbacks=[mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir),
-                                                                     cfg.tune_metric, cfg.tune_mode)]))
+        run_config=tune.RunConfig(
+            name=cfg.run.name, storage_path=str(sweep_dir.parent),
+            verbose=None if verbose() else 0,  # Tune's live tables (a hundred lines a sweep) with --verbose only
+            callbacks=[mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir), cfg.tune_metric, cfg.tune_mode),
+                       report.TrialProgress(cfg.tune_metric, cfg.tune_mode, list(cfg.distributions),
+                                            cfg.num_samples)]))
 
 
 def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
