@@ -63,6 +63,15 @@ def quiet_mlflow() -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def tune_verbosity() -> int | None:
+    """Ray Tune's `verbose`: its default (live tables) with --verbose, else 0 through its legacy reporter: the
+    newer one prints its start banner even at 0 (Ray 2.60)."""
+    if verbose():
+        return None
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    return 0
+
+
 def quiet_optuna() -> None:
     """Quiet mode: Optuna's INFO lines ("A new study created in memory ...") are not shown. Call after importing
     it: Optuna sets its own level when first imported."""

@@ -14,6 +14,7 @@ import json
 import shutil
 import tempfile
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -127,13 +128,15 @@ def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally, us
     cpus = ray.cluster_resources().get("CPU", 1.0)
     # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
     # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
-    # actor fails the preparation, which is published atomically and runs again whole.
-    return documents.map_batches(
-        DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
-                                                  "collator": collator, "tally": tally},
-        compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
-        num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)),
-        max_restarts=0)
+    # actor fails the preparation, which is published atomically and runs again whole. Ray Data 2.60 deprecates
+    # passing it as a remote argument but has no named parameter for it yet: its warning is not shown.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        return documents.map_batches(
+            DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
+                                                      "collator": collator, "tally": tally},
+            compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
+            num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)), max_restarts=0)
 
 
 def _read_user_dict(path: str | None) -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.config import dump_yaml
-from albert_dist.console import quiet_optuna, verbose
+from albert_dist.console import quiet_optuna, tune_verbosity
 from albert_dist.errors import AlbertDistError
 from albert_dist.files import publish_dir
 from albert_dist.tracking import JobRun, redact_url
@@ -58,7 +58,7 @@ def _tuner(cfg: TuneJobConfig, trainable, uri: str):
                                     max_concurrent_trials=cfg.max_concurrent_trials),
         run_config=tune.RunConfig(
             name=cfg.run.name, storage_path=str(sweep_dir.parent),
-            verbose=None if verbose() else 0,  # Tune's live tables (a hundred lines a sweep) with --verbose only
+            verbose=tune_verbosity(),  # Tune's live tables (a hundred lines a sweep) with --verbose only
             callbacks=[mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir), cfg.tune_metric, cfg.tune_mode),
                        report.TrialProgress(cfg.tune_metric, cfg.tune_mode, list(cfg.distributions),
                                             cfg.num_samples)]))
