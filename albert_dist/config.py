@@ -227,6 +227,10 @@ class PretrainDataSection(Section):
                             "epoch starts in under a second); stream: the Parquet shards again every epoch and "
                             "evaluation (seconds each; holds no memory); auto: memory when the data takes at most "
                             "a fifth of the object store.")
+    packing: bool = Field(
+        False, description="Pack several instances into each row up to max_seq_length (attention, positions and "
+                           "SOP kept per instance; same losses as unpacked): fewer rows of padding to compute. "
+                           "benchmarks/bench_packing.py measures the gain.")
 
 
 PretrainDataSection.key_hints = dict.fromkeys(

@@ -55,9 +55,12 @@ class PretrainingTask(TrainingTask):
         return AlbertForPreTraining(AlbertConfig.from_dict(self.config["model_config"]))
 
     def loss(self, model, batch):
+        from albert_dist.data.packing import PACKED_INPUTS
+
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     token_type_ids=batch["token_type_ids"], labels=batch["labels"],
-                    sentence_order_label=batch["sentence_order_label"])
+                    sentence_order_label=batch["sentence_order_label"],
+                    **{key: batch[key] for key in PACKED_INPUTS if key in batch})
         n_masked = out.mlm_labels.numel()
         n_pairs = batch["sentence_order_label"].numel()
         stats = {
@@ -99,7 +102,7 @@ class PretrainingTask(TrainingTask):
         for index, rows in enumerate(rank_batches(self.dataset("train"), batch_size=self.config["batch_size"],
                                                   rank=self.rank, world_size=self.world_size, seed=seed + epoch,
                                                   shuffle_buffer=SHUFFLE_BUFFER)):
-            yield self.collator(rows, batch_rng(seed, epoch, self.rank, index))
+            yield self.collate(rows, batch_rng(seed, epoch, self.rank, index))
 
     def eval_batches(self):
         """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it
@@ -113,8 +116,18 @@ class PretrainingTask(TrainingTask):
                                                   limit=self.config["eval_batches"])):
             first = (index * self.world_size + self.rank) * size
             count = len(rows["sop_label"])
-            yield self.collator(rows, [np.random.default_rng([self.config["seed"], EVAL_MASK_STREAM, first + i])
-                                       for i in range(count)])
+            yield self.collate(rows, [np.random.default_rng([self.config["seed"], EVAL_MASK_STREAM, first + i])
+                                      for i in range(count)])
+
+    def collate(self, rows, rng) -> dict[str, torch.Tensor]:
+        """The masked batch, packed when `data.packing` is on (masked first: the same masks either way)."""
+        from albert_dist.data.packing import pack_batch
+
+        batch = self.collator(rows, rng)
+        if not self.config.get("packing"):
+            return batch
+        return pack_batch(batch, self.config["max_seq_length"], self.collator.pad_id,
+                          self.collator.pad_to_multiple_of)
 
     def save_model(self, model, directory: Path) -> None:
         from albert_dist.data.loading import load_prepared
@@ -201,7 +214,7 @@ def task_settings(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_
         "masking": cfg.masking.model_dump(), "batch_size": cfg.train.batch_size, "seed": cfg.run.seed,
         "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
         "manifest": manifest, "has_eval": prepared.rows("eval") > 0,
-        "plateau_warning_after": cfg.train.plateau_warning_after,
+        "plateau_warning_after": cfg.train.plateau_warning_after, "packing": cfg.data.packing,
     }
 
 

@@ -177,6 +177,42 @@ def test_evaluation_shows_the_unigram_baseline_and_warns_once_on_the_plateau(pre
     assert not [line for line in trainer_output(prepared, task_type=Learned)[1] if line.startswith("warning:")]
 
 
+def test_packed_training_equals_unpacked_resumes_exactly_and_exports_plain_albert(prepared, ray_session, tmp_path):
+    """data.packing=true: the same metrics as unpacked training (the same instances and masks), bit-exact resume,
+    and a checkpoint that is the ordinary transformers ALBERT."""
+    from transformers import AlbertForPreTraining as HFAlbertForPreTraining
+
+    from albert_dist.model import AlbertForPreTraining
+    from albert_dist.train.loop import Trainer, WorkerEnv
+
+    def run(name: str, packing: bool, resume_dir: Path | None = None) -> tuple[dict, Trainer]:
+        task, cfg = in_process_task(prepared, 1, 0, "train.max_steps=4", "train.warmup_steps=1", "train.log_every=4",
+                                    "train.eval_every=4", "train.checkpoint_every=2", f"data.packing={packing}")
+
+        def keep(metrics: dict, directory: Path | None) -> None:
+            if directory is not None:
+                shutil.copytree(directory, tmp_path / name / f"step{metrics['step']}")
+
+        trainer = Trainer(task, cfg.train, WorkerEnv(report=keep, print_fn=lambda _: None, resume_dir=resume_dir))
+        return trainer.fit(), trainer
+
+    plain, _ = run("plain", False)
+    packed, trainer = run("packed", True)
+    assert packed["samples_per_s"] / packed["tokens_per_s"] == pytest.approx(
+        plain["samples_per_s"] / plain["tokens_per_s"])  # instances and real tokens counted alike
+    for key in ("loss", "mlm_accuracy", "sop_loss", "eval_loss", "eval_mlm_accuracy", "eval_sop_accuracy"):
+        assert packed[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    resumed, again = run("resumed", True, resume_dir=tmp_path / "packed" / "step2")
+    assert resumed["resumed_from_step"] == 2 and resumed["eval_loss"] == packed["eval_loss"]
+    assert_same_weights(trainer.model.state_dict(), again.model.state_dict())
+
+    model_dir = tmp_path / "packed" / "step4" / "model"
+    ids = torch.tensor([[2, 10, 11, 12, 3, 13, 14, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(HFAlbertForPreTraining.from_pretrained(model_dir)(input_ids=ids).sop_logits,
+                                   AlbertForPreTraining.from_pretrained(model_dir)(input_ids=ids).sop_logits)
+
+
 def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, capsys):
     from mlflow.tracking import MlflowClient
 

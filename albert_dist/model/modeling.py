@@ -3,7 +3,9 @@
 Submodule names follow transformers' ALBERT so that state_dict keys match its checkpoints without renaming.
 Two things differ from transformers, for speed only: attention runs through
 `torch.nn.functional.scaled_dot_product_attention` (no mask at all when nothing is padded), and when MLM labels
-are given the vocabulary projection runs only on the masked positions instead of on every token.
+are given the vocabulary projection runs only on the masked positions instead of on every token. Pretraining can
+also take packed rows (several sequences per row, `albert_dist.data.packing`): `position_ids`, `sequence_ids` and
+`cls_positions` say where each sequence lies; without them nothing changes.
 """
 
 from __future__ import annotations
@@ -93,12 +95,13 @@ class AlbertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None,
+                position_ids: Optional[Tensor] = None) -> Tensor:
         T = input_ids.shape[1]
         if T > self.position_embeddings.num_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
                              f"({self.position_embeddings.num_embeddings})")
-        positions = torch.arange(T, device=input_ids.device)
+        positions = torch.arange(T, device=input_ids.device) if position_ids is None else position_ids
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
@@ -193,6 +196,14 @@ def padding_mask(attention_mask: Optional[Tensor]) -> Optional[Tensor]:
     return attention_mask.bool()[:, None, None, :]
 
 
+def sequence_mask(sequence_ids: Tensor) -> Tensor:
+    """Boolean [B, 1, T, T] mask for packed rows: a token attends only to the tokens of its own sequence.
+
+    Padding (sequence id 0) forms a block of its own, so no query row is empty (no NaN) and no real token sees it.
+    """
+    return (sequence_ids[:, :, None] == sequence_ids[:, None, :])[:, None]
+
+
 # ---------------------------------------------------------------------------------------------------- models
 
 class AlbertPreTrainedModel(nn.Module):
@@ -277,10 +288,17 @@ class AlbertModel(AlbertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False) -> AlbertModelOutput:
-        x = self.embeddings(input_ids, token_type_ids)
-        x, hidden_states = self.encoder(x, padding_mask(attention_mask), output_hidden_states)
-        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+                token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False, *,
+                position_ids: Optional[Tensor] = None, sequence_ids: Optional[Tensor] = None,
+                cls_positions: Optional[Tensor] = None) -> AlbertModelOutput:
+        """Packed rows give `sequence_ids` (attention stays within each sequence; they replace `attention_mask`),
+        `position_ids` and `cls_positions`, the flat indices into B × T of each sequence's [CLS]: the pooler then
+        reads those, one output per sequence, instead of each row's first token."""
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        mask = padding_mask(attention_mask) if sequence_ids is None else sequence_mask(sequence_ids)
+        x, hidden_states = self.encoder(x, mask, output_hidden_states)
+        first = x[:, 0] if cls_positions is None else x.flatten(0, 1)[cls_positions]
+        pooled = torch.tanh(self.pooler(first)) if self.pooler is not None else None
         return AlbertModelOutput(last_hidden_state=x, pooler_output=pooled, hidden_states=hidden_states)
 
 
@@ -335,8 +353,9 @@ class AlbertForPreTraining(AlbertPreTrainedModel):
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 token_type_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
                 sentence_order_label: Optional[Tensor] = None,
-                output_hidden_states: bool = False) -> AlbertPreTrainingOutput:
-        out = self.albert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+                output_hidden_states: bool = False, **packed: Optional[Tensor]) -> AlbertPreTrainingOutput:
+        """`packed`: `position_ids`, `sequence_ids`, `cls_positions` of packed rows (see `AlbertModel.forward`)."""
+        out = self.albert(input_ids, attention_mask, token_type_ids, output_hidden_states, **packed)
         logits, mlm_labels, mlm_loss = masked_lm(self, out.last_hidden_state, labels)
         sop_logits = self.sop_classifier(out.pooler_output)
         sop_loss = None

@@ -27,9 +27,10 @@ from albert_dist.files import publish_bytes, sha256_file
 
 MANIFEST = "manifest.json"
 #: job settings a relaunch may change and still resume: where outputs and tracking go, how often the run logs,
-#: evaluates, checkpoints and retries, and where its workers are placed. Every other setting decides what is trained.
+#: evaluates, checkpoints and retries, where its workers are placed, and how batches are laid out (data.packing: the
+#: same instances and masks, the same losses). Every other setting decides what is trained.
 RELAUNCH_MAY_CHANGE = (
-    "run.name", "run.output_dir", "run.resume_changes", "tracking.", "data.output", "data.cache",
+    "run.name", "run.output_dir", "run.resume_changes", "tracking.", "data.output", "data.cache", "data.packing",
     "scaling.use_gpu", "scaling.cpus_per_worker", "scaling.gpus_per_worker", "scaling.placement_strategy",
     "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every", "train.keep_checkpoints",
     "train.max_failures", "train.resource_wait_attempts", "train.peak_tflops", "train.plateau_warning_after",

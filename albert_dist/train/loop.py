@@ -243,7 +243,7 @@ class Trainer:
             _accumulate(window, stats)
             _accumulate(window, {"tokens": batch["attention_mask"].sum() if "attention_mask" in batch
                                  else torch.tensor(batch["input_ids"].numel()),
-                                 "samples": torch.tensor(batch["input_ids"].shape[0])})
+                                 "samples": torch.tensor(samples_in(batch))})
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         # Gradients are identical on every rank after DDP's all-reduce, so every rank takes the same decision.
@@ -394,6 +394,11 @@ class Trainer:
         if self.env.is_main:
             self.env.print_fn(message)
         return {**metrics, "status": "diverged", "message": message, "step": self.position.step}
+
+
+def samples_in(batch: Batch) -> int:
+    """The sequences a batch holds: its rows, or one per [CLS] when rows are packed (`albert_dist.data.packing`)."""
+    return len(batch["cls_positions"]) if "cls_positions" in batch else batch["input_ids"].shape[0]
 
 
 def _accumulate(sums: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
