@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ray import tune
 
@@ -86,14 +86,14 @@ class TrialProgress(tune.Callback):
     """A Tune callback printing one line when a trial starts and one when it ends (its parameters, then its best
     `metric`): what the console shows of a sweep instead of Tune's live tables, which `--verbose` brings back."""
 
-    def __init__(self, metric: str, mode: str, params: list[str], num_samples: int,
-                 print_fn: Callable[[str], None] = print):
+    def __init__(self, metric: str, mode: str, params: list[str], num_samples: int):
+        # no print function kept: Tune pickles its callbacks, and Ray Train may have replaced builtins.print since
         self.metric, self.mode, self.params, self.num_samples = metric, mode, params, num_samples
-        self.print_fn, self.ended = print_fn, 0
+        self.ended = 0
 
     def on_trial_start(self, iteration, trials, trial, **info):
         settings = ", ".join(f"{p}={_cell(trial.config.get(p))}" for p in self.params)
-        self.print_fn(f"sweep: trial {trial.trial_id} started ({settings})")
+        print(f"sweep: trial {trial.trial_id} started ({settings})")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._ended(trial, "ended")
@@ -104,8 +104,8 @@ class TrialProgress(tune.Callback):
     def _ended(self, trial, how: str) -> None:
         self.ended += 1
         best = trial.metric_analysis.get(self.metric, {}).get(self.mode)
-        self.print_fn(f"sweep: trial {trial.trial_id} {how} after {trial.last_result.get('training_iteration', 0)} "
-                      f"evaluation(s), best {self.metric} {_cell(best)} ({self.ended}/{self.num_samples} trials)")
+        print(f"sweep: trial {trial.trial_id} {how} after {trial.last_result.get('training_iteration', 0)} "
+              f"evaluation(s), best {self.metric} {_cell(best)} ({self.ended}/{self.num_samples} trials)")
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
