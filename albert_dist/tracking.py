@@ -267,8 +267,14 @@ class JobRun:
             finish_run(self.uri, self.run_id, status)
 
     def mark_failed(self) -> str:
-        """Mark the run FAILED if the store answers; says which happened."""
+        """Mark the run FAILED if the store answers and nothing has ended it already; says which happened. (A
+        sweep's driver ends a trial's run KILLED when its scheduler stops the trial, before the trial's own process
+        stops with an exception: that status stays.)"""
         try:
+            with tracking_errors("reading the run's status"):
+                status = _client(self.uri).get_run(self.run_id).info.status
+            if status != "RUNNING":
+                return f"MLflow run {self.run_id} had already ended {status}"
             self.end("FAILED")
         except TrackingError as err:
             log.warning("%s", err)

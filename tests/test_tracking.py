@@ -154,6 +154,15 @@ def test_job_run_marks_the_run_failed_on_any_exception(store, tmp_path, error):
     assert tracking._client(run.uri).get_run(run.run_id).info.status == "FAILED"
 
 
+def test_a_run_ended_by_someone_else_keeps_its_status_when_the_job_then_fails(store, tmp_path):
+    # a sweep's driver ends the run of a trial its scheduler stopped (KILLED) before the trial's process stops
+    with pytest.raises(KeyboardInterrupt):
+        with tracking.job_run(job_config(store, tmp_path, "stopped"), "finetune") as run:
+            tracking.finish_run(run.uri, run.run_id, "KILLED")
+            raise KeyboardInterrupt
+    assert tracking._client(run.uri).get_run(run.run_id).info.status == "KILLED"
+
+
 def test_a_tracking_failure_after_publishing_names_the_saved_model(store, tmp_path):
     from albert_dist.errors import TrackingError
 
