@@ -16,7 +16,7 @@ from ray import tune
 
 from albert_dist import tracking
 from albert_dist.files import publish_text
-from albert_dist.tune.report import stop_reason
+from albert_dist.tune.report import stop_reason, trial_best
 
 PARENT_TAG = "mlflow.parentRunId"
 TRIAL_TAG = "albert_dist.trial_id"
@@ -71,8 +71,8 @@ class ChildCloser(tune.Callback):
 
     def _close(self, trial, errored: bool) -> None:
         run_dir = self.trials_dir / trial.trial_id
-        value = trial.metric_analysis.get(self.metric, {}).get(self.mode)
-        close_child(self.uri, run_dir, stop_reason(run_dir, errored), self.metric, value)
+        close_child(self.uri, run_dir, stop_reason(run_dir, errored), self.metric,
+                    trial_best(trial, self.metric, self.mode))
 
 
 def publish_best(parent: tracking.JobRun, metric: str, best: dict[str, Any], params: list[str],

@@ -24,6 +24,11 @@ def stop_reason(run_dir: Path, errored: bool) -> str:
     return "completed" if (run_dir / OUTCOME_FILE).is_file() else "early-stopped"
 
 
+def trial_best(trial, metric: str, mode: str):
+    """The best `metric` a live Tune trial has reported (None before its first evaluation)."""
+    return trial.metric_analysis.get(metric, {}).get(mode)
+
+
 def best_evaluation(frame, metric: str, mode: str) -> dict[str, Any]:
     """The evaluation (a row of a trial's metrics frame) with the best finite `metric`, with the number of
     evaluations; {} when there is none."""
@@ -103,7 +108,7 @@ class TrialProgress(tune.Callback):
 
     def _ended(self, trial, how: str) -> None:
         self.ended += 1
-        best = trial.metric_analysis.get(self.metric, {}).get(self.mode)
+        best = trial_best(trial, self.metric, self.mode)
         print(f"sweep: trial {trial.trial_id} {how} after {trial.last_result.get('training_iteration', 0)} "
               f"evaluation(s), best {self.metric} {_cell(best)} ({self.ended}/{self.num_samples} trials)")
 

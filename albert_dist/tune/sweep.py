@@ -47,7 +47,8 @@ def _tuner(cfg: TuneJobConfig, trainable, uri: str):
     scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=s.grace_period,
                               reduction_factor=s.reduction_factor, max_t=s.max_t) if s.kind == "asha" else None
     # Tune applies max_concurrent_trials to a Searcher (Optuna) itself, not to a BasicVariantGenerator instance.
-    quiet_optuna()
+    if cfg.search_alg == "optuna":
+        quiet_optuna()
     search = OptunaSearch(seed=cfg.run.seed) if cfg.search_alg == "optuna" else BasicVariantGenerator(
         max_concurrent=cfg.max_concurrent_trials, random_state=cfg.run.seed)
     return tune.Tuner(
