@@ -295,8 +295,27 @@ class TrainSection(TrainBase):
         return self
 
 
+class PhaseSection(Section):
+    """One phase of a sequence-length schedule (`train.phases`): its data, steps and batch size."""
+
+    data: str | None = Field(None, description="The prepared dataset this phase trains on (as data.output: "
+                                               "relative to run.output_dir, or a URI); default data.output.")
+    steps: int = Field(gt=0)
+    batch_size: int | None = Field(None, gt=0, description="Per worker, per micro-batch; default train.batch_size.")
+    max_seq_length: int | None = Field(None, gt=0, description="The sequence length the phase's data must have "
+                                                               "been prepared at (checked before training).")
+
+    @field_validator("data")
+    @classmethod
+    def _data_without_secrets(cls, data: str | None) -> str | None:
+        if data is not None:
+            _refuse_uri_credentials(data)
+        return data
+
+
 class PretrainingTrainSection(TrainSection):
-    """TrainSection plus what the pretraining task reads: the held-out batches and the plateau warning."""
+    """TrainSection plus what the pretraining task reads: the held-out batches, the plateau warning and the
+    sequence-length phases."""
 
     eval_batches: int = Field(20, gt=0, description="Evaluation reads this many batches of batch_size held-out "
                                                     "sequences (in all, not per worker).")
@@ -304,6 +323,31 @@ class PretrainingTrainSection(TrainSection):
         0.25, ge=0, le=1, description="Share of max_steps after which an evaluation whose held-out MLM accuracy is "
                                       "still within a point of the unigram baseline prints a warning, once; null "
                                       "disables it.")
+
+    phases: list[PhaseSection] = Field(
+        default_factory=list, description="Train in phases, each on its own prepared data (google-research and "
+                                          "NVIDIA: most steps at 128 tokens, the rest at 512), one after the "
+                                          "other; max_steps is their sum. Evaluation reads data.output's held-out "
+                                          "split throughout. Empty: every step on data.output.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_steps_from_phases(cls, values: Any) -> Any:
+        """Without an explicit max_steps, the phases' steps add up to it."""
+        if isinstance(values, dict) and values.get("phases") and "max_steps" not in values:
+            try:
+                values = {**values, "max_steps": sum(_phase_steps(phase) for phase in values["phases"])}
+            except (TypeError, KeyError, AttributeError):
+                pass  # field validation names what is wrong with the phases
+        return values
+
+    @model_validator(mode="after")
+    def _phases_fill_the_run(self) -> "PretrainingTrainSection":
+        total = sum(phase.steps for phase in self.phases)
+        if self.phases and total != self.max_steps:
+            raise ValueError(f"the phases' steps add up to {total}, max_steps is {self.max_steps}: leave max_steps "
+                             f"out (it is the phases' sum) or make them agree")
+        return self
 
     def loop_settings(self) -> TrainSection:
         """The fields the training loop reads (the rest are the task's and the driver's)."""
@@ -387,6 +431,10 @@ class PretrainJobConfig(TrainingJobConfig):
     data: PretrainDataSection = Field(default_factory=PretrainDataSection)
     masking: MaskingSection = Field(default_factory=MaskingSection)
     train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
+
+
+def _phase_steps(phase: Any) -> int:
+    return int(phase.steps if isinstance(phase, PhaseSection) else phase["steps"])
 
 
 def changed_from_default(section: BaseModel, names) -> list[str]:

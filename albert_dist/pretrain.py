@@ -47,6 +47,7 @@ class PretrainingTask(TrainingTask):
             context = ray.train.get_context()
             self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self._tokenizer = None
+        self.train_length = config["max_seq_length"]  # the sequence length of the phase being trained
 
     def build_model(self) -> torch.nn.Module:
         if self.config.get("init_from"):
@@ -95,14 +96,25 @@ class PretrainingTask(TrainingTask):
     def plateau(self, metrics: dict[str, float]) -> tuple[str, float, float]:
         return "held-out MLM accuracy", metrics["eval_mlm_accuracy"], metrics["eval_mlm_unigram_baseline"]
 
-    def train_batches(self, epoch):
+    def phases(self) -> list[int]:
+        return [phase["steps"] for phase in self.config.get("phases", [])]
+
+    def phase(self, index: int) -> dict[str, Any]:
+        """Phase `index`'s dataset name, batch size and sequence length (without phases: data.output's)."""
+        if self.config.get("phases"):
+            return self.config["phases"][index]
+        return {"split": "train", "batch_size": self.config["batch_size"],
+                "max_seq_length": self.config["max_seq_length"]}
+
+    def train_batches(self, epoch, phase=0):
         from albert_dist.data.masking import batch_rng
 
-        seed = self.config["seed"]
-        for index, rows in enumerate(rank_batches(self.dataset("train"), batch_size=self.config["batch_size"],
+        seed, spec = self.config["seed"], self.phase(phase)
+        self.train_length = spec["max_seq_length"]
+        for index, rows in enumerate(rank_batches(self.dataset(spec["split"]), batch_size=spec["batch_size"],
                                                   rank=self.rank, world_size=self.world_size, seed=seed + epoch,
                                                   shuffle_buffer=SHUFFLE_BUFFER)):
-            yield self.collate(rows, batch_rng(seed, epoch, self.rank, index))
+            yield self.collate(rows, batch_rng(seed, epoch, self.rank, index), spec["max_seq_length"])
 
     def eval_batches(self):
         """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it
@@ -117,17 +129,17 @@ class PretrainingTask(TrainingTask):
             first = (index * self.world_size + self.rank) * size
             count = len(rows["sop_label"])
             yield self.collate(rows, [np.random.default_rng([self.config["seed"], EVAL_MASK_STREAM, first + i])
-                                      for i in range(count)])
+                                      for i in range(count)], self.config["max_seq_length"])
 
-    def collate(self, rows, rng) -> dict[str, torch.Tensor]:
-        """The masked batch, packed when `data.packing` is on (masked first: the same masks either way)."""
+    def collate(self, rows, rng, max_seq_length: int) -> dict[str, torch.Tensor]:
+        """The masked batch, packed into rows of `max_seq_length` when `data.packing` is on (masked first: the
+        same masks either way)."""
         from albert_dist.data.packing import pack_batch
 
         batch = self.collator(rows, rng)
         if not self.config.get("packing"):
             return batch
-        return pack_batch(batch, self.config["max_seq_length"], self.collator.pad_id,
-                          self.collator.pad_to_multiple_of)
+        return pack_batch(batch, max_seq_length, self.collator.pad_id, self.collator.pad_to_multiple_of)
 
     def save_model(self, model, directory: Path) -> None:
         from albert_dist.data.loading import load_prepared
@@ -138,11 +150,63 @@ class PretrainingTask(TrainingTask):
         self._tokenizer.save(directory)
 
     def flops_per_token(self, model) -> float:
-        return model.flops_per_token(self.config["max_seq_length"])
+        """At the sequence length of the phase training reads now."""
+        return model.flops_per_token(self.train_length)
 
 
 def build_pretraining_task(config: dict[str, Any]) -> PretrainingTask:
     return PretrainingTask(config)
+
+
+@dataclass
+class Phase:
+    """One phase of `train.phases`, with its prepared data opened."""
+
+    prepared: Any  # PreparedData
+    steps: int
+    batch_size: int
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.prepared.manifest["max_seq_length"])
+
+    def describe(self) -> str:
+        return (f"{self.steps} steps of {self.batch_size} x {self.max_seq_length} tokens per worker "
+                f"({self.prepared.location})")
+
+
+def open_phases(cfg: PretrainJobConfig, prepared, model_config: AlbertConfig) -> list[Phase]:
+    """The prepared data of each of `train.phases` (none without phases), checked against data.output's: the same
+    tokenizer (the model's vocabulary), the sequence length the phase names, within the model's positions."""
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.data.prepare import output_location
+
+    phases = []
+    for number, phase in enumerate(cfg.train.phases, 1):
+        location = output_location(cfg, phase.data) if phase.data else prepared.location
+        data = prepared if location == prepared.location else load_prepared(location)
+        opened = Phase(data, phase.steps, phase.batch_size or cfg.train.batch_size)
+        where = f"train.phases[{number}] ({location})"
+        if data.manifest["tokenizer"]["sha256"] != prepared.manifest["tokenizer"]["sha256"]:
+            raise ConfigError(f"{where} was tokenized with another tokenizer than data.output ({prepared.location}):"
+                              f" every phase trains one model, so prepare them all with the same tokenizer.path")
+        if phase.max_seq_length is not None and phase.max_seq_length != opened.max_seq_length:
+            raise ConfigError(f"{where} is prepared at max_seq_length {opened.max_seq_length}, the phase says "
+                              f"{phase.max_seq_length}")
+        if opened.max_seq_length > model_config.max_position_embeddings:
+            raise ConfigError(f"{where} is prepared at max_seq_length {opened.max_seq_length}, beyond "
+                              f"model.max_position_embeddings ({model_config.max_position_embeddings})")
+        phases.append(opened)
+    return phases
+
+
+def data_digest(prepared, phases: list[Phase]) -> str:
+    """What identifies the data of a run: data.output's digest, and each phase's in order."""
+    import hashlib
+
+    if not phases:
+        return prepared.digest()
+    return hashlib.sha256(" ".join([prepared.digest(), *(p.prepared.digest() for p in phases)]).encode()).hexdigest()
 
 
 @dataclass
@@ -171,12 +235,15 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     training_data_context()
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
-    prepared.verify_shards()
     manifest = prepared.manifest
-    model_config = _model_config(cfg, manifest)
+    model_config = pretraining_model_config(cfg, manifest)
+    phases = open_phases(cfg, prepared, model_config)
+    every_data = list({id(p): p for p in [prepared, *(phase.prepared for phase in phases)]}.values())
+    for data in every_data:
+        data.verify_shards()
     run_dir = cfg.run.run_dir
     n_params = AlbertForPreTraining(model_config).num_parameters()
-    in_memory = prepared.fits_in_memory(cfg.data.cache)
+    in_memory = all(data.fits_in_memory(cfg.data.cache) for data in every_data)
     with tracking.job_run(cfg, "pretrain", extra_params={
             "model.num_parameters": n_params, "world_size": cfg.scaling.num_workers,
             "data.prepared_dir": str(data_dir), "data.in_memory": in_memory}) as run:
@@ -187,14 +254,16 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
         print(f"data: {prepared.rows('train')} training instances, " + (
             "read once into Ray's object store" if in_memory else "streamed from Parquet every epoch") +
             f" (data.cache={cfg.data.cache})")
+        for number, phase in enumerate(phases, 1):
+            print(f"phase {number}/{len(phases)}: {phase.describe()}")
         best_dir = run_dir / "best_model"
         result = run_training(name=cfg.run.name, storage_path=run_dir / "ray", task_factory=
                               "albert_dist.pretrain:build_pretraining_task",
-                              task_config=task_settings(cfg, prepared, data_dir, model_config),
+                              task_config=task_settings(cfg, prepared, data_dir, model_config, phases),
                               train=cfg.train.loop_settings(), scaling=cfg.scaling, seed=cfg.run.seed,
-                              datasets=prepared.for_training(in_memory), tracking=(run.uri, run.run_id),
-                              best_model_dir=best_dir,
-                              fingerprint=checkpointing.fingerprint(flatten(cfg), prepared.digest()),
+                              datasets=prepared.for_training(in_memory, [phase.prepared for phase in phases]),
+                              tracking=(run.uri, run.run_id), best_model_dir=best_dir,
+                              fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest(prepared, phases)),
                               resume_changes=cfg.run.resume_changes)
         model_dir = run_dir / "model"
         publish_dir(model_dir, lambda d: shutil.copytree(result.checkpoint_dir / "model", d, dirs_exist_ok=True))
@@ -203,11 +272,12 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     return PretrainOutcome(model_dir, best_dir, run.uri, run.run_id, result.metrics)
 
 
-def task_settings(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_config: AlbertConfig | None = None
-                  ) -> dict[str, Any]:
-    """The `PretrainingTask` config of a job on the prepared data `prepared` (read from `data_dir`)."""
+def task_settings(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_config: AlbertConfig | None = None,
+                  phases: list[Phase] = ()) -> dict[str, Any]:
+    """The `PretrainingTask` config of a job on the prepared data `prepared` (read from `data_dir`), training in
+    `phases` (`open_phases`) when there are any."""
     manifest = prepared.manifest
-    model_config = model_config or _model_config(cfg, manifest)
+    model_config = model_config or pretraining_model_config(cfg, manifest)
     return {
         "prepared_dir": str(data_dir), "model_config": model_config.to_dict(), "init_from": cfg.model.init_from,
         "allow_pickle": cfg.model.allow_pickle,
@@ -215,10 +285,13 @@ def task_settings(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_
         "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
         "manifest": manifest, "has_eval": prepared.rows("eval") > 0,
         "plateau_warning_after": cfg.train.plateau_warning_after, "packing": cfg.data.packing,
+        "phases": [{"split": f"train_{i}", "steps": p.steps, "batch_size": p.batch_size,
+                    "max_seq_length": p.max_seq_length} for i, p in enumerate(phases)],
     }
 
 
-def _model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -> AlbertConfig:
+def pretraining_model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -> AlbertConfig:
+    """The model a job trains on data with `manifest`: `model.init_from`'s, or the preset's sized to the data."""
     if cfg.model.init_from:
         return AlbertConfig.from_json_file(Path(cfg.model.init_from) / "config.json")
     model_config = cfg.model.build(vocab_size=manifest["tokenizer"]["vocab_size"])

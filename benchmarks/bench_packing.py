@@ -32,7 +32,7 @@ def timed_steps(task, model, optimizer, batches: list[tuple[int, dict]]) -> tupl
     tokens = slots = 0
     start = time.perf_counter()
     for index, rows in batches:
-        batch = task.collate(rows, batch_rng(0, 0, 0, index))
+        batch = task.collate(rows, batch_rng(0, 0, 0, index), task.train_length)
         loss, _ = task.loss(model, batch)
         loss.backward()
         optimizer.step()

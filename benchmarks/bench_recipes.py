@@ -11,6 +11,12 @@ arms by steps, not seconds).
         --arm lamb-2e-3="train.optimizer=lamb train.learning_rate=2e-3 train.warmup_steps=30" \
         --arm adamw-1e-3="train.optimizer=adamw train.learning_rate=1e-3 train.warmup_steps=30"
 
+An arm may train in sequence-length phases (`train.phases`, data prepared at `--short-seq` with the same tokenizer
+as `zh-<seq>-<vocab>`; evaluation reads the `--seq` data's held-out split):
+
+    python benchmarks/bench_recipes.py --corpus zh --seq 128 --short-seq 64 --steps 600 \
+        --arm "phased='train.phases=[{data: zh-64-8000-for128, steps: 540}, {steps: 60}]'"
+
 Corpora: `zh` is Debian's fortunes-zh `chinese` file as blank-line separated documents (`--zh-path`), `en` the
 standard-library docstrings `albert_dist.demo_corpus` extracts. Arm overrides are `--set` strings of a pretraining
 job (`train.*`, `masking.*`, `model.*`).
@@ -54,10 +60,13 @@ class MemorySplit:
             yield {name: column[rows] for name, column in self.columns.items()}
 
 
-def prepare(root: Path, corpus: str, zh_path: str, seq: int, vocab: int, eval_fraction: float) -> Path:
+def prepare(root: Path, corpus: str, zh_path: str, seq: int, vocab: int, eval_fraction: float,
+            tokenizer_of: Path | None = None) -> Path:
+    """The corpus prepared at `seq` tokens with a new tokenizer of `vocab` pieces, or with the tokenizer of the
+    prepared data `tokenizer_of` (the short phase of a schedule must share the model's vocabulary)."""
     from albert_dist.data.prepare import prepare_dataset
 
-    out = root / f"{corpus}-{seq}-{vocab}"
+    out = root / (f"{corpus}-{seq}-{vocab}" + (f"-for{tokenizer_of.name.split('-')[1]}" if tokenizer_of else ""))
     if (out / "manifest.json").exists():
         return out
     if corpus == "zh":
@@ -66,26 +75,31 @@ def prepare(root: Path, corpus: str, zh_path: str, seq: int, vocab: int, eval_fr
         from albert_dist.demo_corpus import write_stdlib_corpus
 
         source, fmt = str(write_stdlib_corpus(root / "stdlib_docstrings.txt", 2_000_000)), "blocks"
+    tokenizer = f"tokenizer.path={tokenizer_of / 'tokenizer'}" if tokenizer_of else f"tokenizer.vocab_size={vocab}"
     cfg = load_config(DataJobConfig, None, [
         f"run.output_dir={root}", f"data.inputs=[{source}]", f"data.format={fmt}", f"data.output={out.name}",
-        f"data.max_seq_length={seq}", f"data.eval_fraction={eval_fraction}", f"tokenizer.vocab_size={vocab}"])
+        f"data.max_seq_length={seq}", f"data.eval_fraction={eval_fraction}", tokenizer])
     prepare_dataset(cfg)
     return out
 
 
 def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import PretrainingTask, task_settings
+    from albert_dist.pretrain import PretrainingTask, open_phases, pretraining_model_config, task_settings
     from albert_dist.train.loop import Trainer, WorkerEnv
 
     prepared = load_prepared(data_dir)
     cfg = load_config(PretrainJobConfig, None, [
-        f"model.preset={args.preset}", "train.precision=fp32", f"train.max_steps={args.steps}",
+        f"run.output_dir={data_dir.parent}", f"model.preset={args.preset}", "train.precision=fp32",
         f"train.batch_size={args.batch_size}", f"train.eval_every={args.eval_every}",
         f"train.eval_batches={args.eval_batches}", f"train.log_every={args.eval_every}",
-        f"train.checkpoint_every={10 * args.steps}", *overrides])
-    splits = {split: MemorySplit(prepared.shard_paths(split)) for split in ("train", "eval")}
-    task = PretrainingTask(task_settings(cfg, prepared, data_dir), dataset=lambda split: splits[split])
+        f"train.checkpoint_every={10 * args.steps}", *overrides,
+        *([] if any(o.startswith("train.phases=") for o in overrides) else [f"train.max_steps={args.steps}"])])
+    phases = open_phases(cfg, prepared, pretraining_model_config(cfg, prepared.manifest))
+    trained = {f"train_{i}": phase.prepared for i, phase in enumerate(phases)} or {"train": prepared}
+    splits = {split: MemorySplit(data.shard_paths("train")) for split, data in trained.items()}
+    splits["eval"] = MemorySplit(prepared.shard_paths("eval"))
+    task = PretrainingTask(task_settings(cfg, prepared, data_dir, phases=phases), dataset=lambda split: splits[split])
     curve: list[dict] = []
     started = time.perf_counter()
 
@@ -100,10 +114,12 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     trainer = Trainer(task, cfg.train, WorkerEnv(log_metrics=log_metrics, print_fn=lambda line: None),
                       seed=cfg.run.seed)
     result = trainer.fit()
-    tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps * prepared.manifest["max_seq_length"]
+    slots = [(p.steps, p.batch_size * p.max_seq_length) for p in phases] or [
+        (cfg.train.max_steps, cfg.train.batch_size * prepared.manifest["max_seq_length"])]
+    token_slots = sum(steps * per_step for steps, per_step in slots) * cfg.train.grad_accum_steps
     reached = {f"{metric}>={t}": next((p["step"] for p in curve if p.get(metric, 0) >= t), None)
                for metric, targets in THRESHOLDS.items() for t in targets}
-    return {"arm": name, "overrides": overrides, "status": result["status"], "tokens_per_step": tokens_per_step,
+    return {"arm": name, "overrides": overrides, "status": result["status"], "token_slots": token_slots,
             "seconds": round(time.perf_counter() - started, 1), "reached": reached, "curve": curve}
 
 
@@ -164,6 +180,8 @@ def main() -> None:
     parser.add_argument("--data-root", default="/tmp/albert-recipes")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--short-seq", type=int, help="also prepare the corpus at this length with the --seq data's "
+                                                       "tokenizer, for arms with train.phases")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--eval-fraction", type=float, default=0.05)
     parser.add_argument("--steps", type=int, default=400)
@@ -180,6 +198,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data_dir = prepare(Path(args.data_root), args.corpus, args.zh_path, args.seq, args.vocab, args.eval_fraction)
+    if args.short_seq:
+        prepare(Path(args.data_root), args.corpus, args.zh_path, args.short_seq, args.vocab, args.eval_fraction,
+                tokenizer_of=data_dir)
     if args.prepare_only:
         return
     if args.first_step:

@@ -150,3 +150,19 @@ def test_distillation_is_a_classification_without_a_task_key():
         load_config(DistillJobConfig, None, ["finetune.task=classification"])
     with pytest.raises(ConfigError, match="metric pearson does not apply to classification"):
         load_config(DistillJobConfig, None, ["finetune.metric=pearson"])
+
+
+def test_phases_give_max_steps_or_must_agree_with_it(tmp_path):
+    two = "train.phases=[{data: prepared_128, steps: 900, batch_size: 64, max_seq_length: 128}, {steps: 100}]"
+    cfg = load_config(PretrainJobConfig, None, [two])
+    assert cfg.train.max_steps == 1000 and cfg.train.phases[1].data is None and cfg.train.phases[1].batch_size is None
+    assert load_config(PretrainJobConfig, None, [two, "train.max_steps=1000"]).train.max_steps == 1000
+    with pytest.raises(ConfigError, match=r"the phases' steps add up to 1000, max_steps is 600"):
+        load_config(PretrainJobConfig, None, [two, "train.max_steps=600"])
+    with pytest.raises(ConfigError, match=r"train\.phases\.0\.steps: .*greater than 0"):
+        load_config(PretrainJobConfig, None, ["train.phases=[{steps: 0}]"])
+    with pytest.raises(ConfigError, match=r"train\.phases\.0\.data: .*credentials"):
+        load_config(PretrainJobConfig, None, ["train.phases=[{data: 's3://key:secret@bucket/x', steps: 5}]"])
+    from albert_dist.finetune.config import FinetuneJobConfig
+    with pytest.raises(ConfigError, match=r"train\.phases: unknown key"):
+        load_config(FinetuneJobConfig, None, [two])

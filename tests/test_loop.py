@@ -51,7 +51,7 @@ class KeywordTask(TrainingTask):
             yield {"input_ids": self.x[i:i + size], "attention_mask": torch.ones(size, 16, dtype=torch.long),
                    "labels": self.y[i:i + size]}
 
-    def train_batches(self, epoch):
+    def train_batches(self, epoch, phase=0):
         return self._rows(0, 224, 16)
 
     def eval_batches(self):
@@ -130,6 +130,51 @@ def test_the_task_state_is_checkpointed_and_restored(tmp_path):
     resumed = CountingTask()
     Trainer(resumed, settings(eval_every=10), WorkerEnv(resume_dir=tmp_path / "step20", print_fn=lambda s: None)).fit()
     assert resumed.evaluations == full.evaluations == 4
+
+
+class PhasedTask(KeywordTask):
+    """Two phases, as a sequence-length schedule has: 12 steps of 8 rows of 8 tokens, then 12 of 16 rows of 16
+    tokens; records the shape of every batch it hands out."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def phases(self):
+        return [12, 12]
+
+    def train_batches(self, epoch, phase=0):
+        size, length = (8, 8) if phase == 0 else (16, 16)
+        for batch in self._rows(0, 224, size):
+            self.shapes.append((phase, epoch, *batch["input_ids"][:, :length].shape))
+            yield {k: (v[:, :length] if v.dim() == 2 else v) for k, v in batch.items()}
+
+
+def test_phases_switch_batches_at_their_boundary_and_resume_exactly_across_it(tmp_path):
+    saved = Checkpoints(tmp_path)
+    lines = []
+    full_task = PhasedTask()
+    full = Trainer(full_task, settings(max_steps=24, eval_every=8, checkpoint_every=8),
+                   WorkerEnv(report=saved, print_fn=lines.append))
+    full.fit()
+    # phase 1: 12 batches of 8 x 8 (224 rows give 28 a pass, so one epoch); phase 2 starts its own epoch 0
+    assert full_task.shapes[:12] == [(0, 0, 8, 8)] * 12 and full_task.shapes[12:] == [(1, 0, 16, 16)] * 12
+    assert "step 12/24 | phase 2/2 begins" in lines
+    # the checkpoint of step 8 resumes in phase 1 and crosses the boundary; the one of step 16 resumes in phase 2
+    for step, phase_then in ((8, 0), (16, 1)):
+        task = PhasedTask()
+        resumed = Trainer(task, settings(max_steps=24, eval_every=8, checkpoint_every=8),
+                          WorkerEnv(resume_dir=tmp_path / f"step{step}", print_fn=lambda s: None))
+        assert (resumed.position.step, resumed.position.phase) == (step, phase_then)
+        resumed.fit()
+        assert task.shapes[-(24 - step):] == full_task.shapes[step:]  # after the batches it skipped
+        for (name, a), b in zip(weights(full).items(), weights(resumed).values()):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"resumed at {step}: {name}")
+
+
+def test_phases_must_end_at_max_steps():
+    with pytest.raises(ValueError, match="phases end at step 24, max_steps is 40"):
+        Trainer(PhasedTask(), settings(), WorkerEnv())
 
 
 def test_gradient_accumulation_counts_micro_batches(tmp_path):

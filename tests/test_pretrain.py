@@ -213,6 +213,73 @@ def test_packed_training_equals_unpacked_resumes_exactly_and_exports_plain_alber
                                    AlbertForPreTraining.from_pretrained(model_dir)(input_ids=ids).sop_logits)
 
 
+@pytest.fixture(scope="module")
+def short_data(prepared):
+    """The ordered corpus prepared again at 16 tokens with the same tokenizer: the short phase of a schedule."""
+    from albert_dist.data.prepare import prepare_dataset
+
+    prepare_dataset(load_config(DataJobConfig, None, [
+        f"run.output_dir={prepared}", f"data.inputs=[{prepared / 'ordered.txt'}]", "data.format=sentences",
+        "data.output=prepared_16", "data.max_seq_length=16", "data.short_seq_prob=0", "data.eval_fraction=0.1",
+        f"tokenizer.path={prepared / 'tokenizer'}"]))
+    return "prepared_16"
+
+
+PHASES = "train.phases=[{data: prepared_16, steps: 6, batch_size: 16, max_seq_length: 16}, {steps: 6, batch_size: 8}]"
+
+
+def test_phases_read_each_phase_data_at_its_length_and_batch_size(prepared, short_data, ray_session):
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.errors import ConfigError
+    from albert_dist.pretrain import PretrainingTask, open_phases, pretraining_model_config, task_settings
+
+    cfg = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "phases") + [PHASES, "train.max_steps=12"])
+    main = load_prepared(prepared / "prepared")
+    phases = open_phases(cfg, main, pretraining_model_config(cfg, main.manifest))
+    assert [(p.steps, p.batch_size, p.max_seq_length) for p in phases] == [(6, 16, 16), (6, 8, 64)]
+    splits = {"train_0": phases[0].prepared.train, "train_1": phases[1].prepared.train, "eval": main.eval}
+    task = PretrainingTask(task_settings(cfg, main, prepared / "prepared", phases=phases), dataset=splits.__getitem__)
+    assert task.phases() == [6, 6]
+    short, full = next(iter(task.train_batches(0, 0))), next(iter(task.train_batches(0, 1)))
+    assert short["input_ids"].shape == (16, 16) and full["input_ids"].shape[0] == 8 and full["input_ids"].shape[1] > 16
+    assert task.train_length == 64 and next(iter(task.eval_batches()))["input_ids"].shape[1] > 16
+
+    wrong = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "phases") + [
+        "train.phases=[{data: prepared_16, steps: 6, max_seq_length: 128}]", "train.max_steps=6"])
+    with pytest.raises(ConfigError, match=r"train.phases\[1\] .*prepared_16\) is prepared at max_seq_length 16, "
+                                          r"the phase says 128"):
+        open_phases(wrong, main, pretraining_model_config(wrong, main.manifest))
+    small_model = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "phases") + [
+        PHASES, "train.max_steps=12", "model.max_position_embeddings=32"])
+    with pytest.raises(ConfigError, match=r"train.phases\[2\] .* max_seq_length 64, beyond "
+                                          r"model.max_position_embeddings \(32\)"):
+        open_phases(small_model, main, small_model.model.build(vocab_size=400))
+
+
+def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_data, ray_session):
+    """A 6 + 6 step schedule with a checkpoint every 4 steps; relaunched with the checkpoints of steps 8 and 12
+    corrupted, it resumes in phase 1 at step 4, crosses into phase 2 and ends with the same weights."""
+    from mlflow.tracking import MlflowClient
+
+    from albert_dist.pretrain import pretrain
+
+    overrides = pretrain_overrides(prepared, "phased", 12) + [
+        PHASES, "train.checkpoint_every=4", "train.eval_every=12", "train.log_every=2", "train.keep_checkpoints=3"]
+    first = pretrain(load_config(PretrainJobConfig, None, overrides))
+    assert first.metrics["step"] == 12
+    uninterrupted = final_weights(prepared / "phased")
+    run = MlflowClient(first.tracking_uri).get_run(first.run_id)
+    assert "prepared_16" in run.data.params["train.phases"]
+    for checkpoint in checkpoints(prepared / "phased"):
+        if json.loads((checkpoint / "manifest.json").read_text())["step"] > 4:
+            state = checkpoint / "training_state.pt"
+            state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+
+    again = pretrain(load_config(PretrainJobConfig, None, overrides))
+    assert again.metrics["resumed_from_step"] == 4 and again.metrics["step"] == 12
+    assert_same_weights(uninterrupted, final_weights(prepared / "phased"))
+
+
 def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, capsys):
     from mlflow.tracking import MlflowClient
 

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pyarrow.fs as pafs
 
@@ -74,10 +74,13 @@ class PreparedData:
         dataset.context.execution_options.preserve_order = True
         return dataset
 
-    def for_training(self, in_memory: bool) -> dict[str, Any]:
-        """The splits training reads ("train", and "eval" when there is one), read once into Ray's object store
+    def for_training(self, in_memory: bool, phases: Sequence["PreparedData"] = ()) -> dict[str, Any]:
+        """The splits training reads: "train" (with `phases`, the prepared data of each training phase, its
+        training split as "train_<i>") and this data's "eval" when there is one; read once into Ray's object store
         when `in_memory` (see `fits_in_memory`)."""
-        splits = {name: getattr(self, name) for name in self.training_splits()}
+        splits = {f"train_{i}": phase.train for i, phase in enumerate(phases)} or {"train": self.train}
+        if self.eval is not None:
+            splits["eval"] = self.eval
         return {name: dataset.materialize() for name, dataset in splits.items()} if in_memory else splits
 
     def fits_in_memory(self, cache: str = "auto") -> bool:

@@ -37,9 +37,9 @@ _DOCS_PER_BATCH = 64
 _READ_CPUS = 0.25  # reading is light; leave the CPUs to the tokenizer actors
 
 
-def output_location(cfg: DataJobConfig | PretrainJobConfig) -> str:
-    """`data.output` under `run.output_dir`; absolute paths and URIs as given."""
-    return resolve_location(cfg.data.output, base=resolve_path(cfg.run.output_dir))
+def output_location(cfg: DataJobConfig | PretrainJobConfig, output: str | None = None) -> str:
+    """`output` (default `data.output`) under `run.output_dir`; absolute paths and URIs as given."""
+    return resolve_location(output or cfg.data.output, base=resolve_path(cfg.run.output_dir))
 
 
 def run_prepare(cfg: DataJobConfig) -> int:

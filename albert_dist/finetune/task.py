@@ -137,7 +137,7 @@ class SequenceClassificationTask(TrainingTask):
         for index in global_batches(len(order), batch_size, self.rank, self.world_size, drop_last):
             yield data.collate({k: rows[k][order[index]] for k in columns}, self.config["pad_to_multiple_of"])
 
-    def train_batches(self, epoch):
+    def train_batches(self, epoch, phase=0):
         """A new seeded order each epoch, the same on every rank (rows of similar length in each global batch with
         `group_by_length`); each rank takes its slice of every global batch, so resuming at a micro-batch index
         sees exactly the rows not yet trained on."""

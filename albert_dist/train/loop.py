@@ -9,6 +9,7 @@ exact resume.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import tempfile
 import time
@@ -52,8 +53,9 @@ class TrainingTask(ABC):
         """Metrics (losses, accuracies, ...) from statistics summed over batches and ranks."""
 
     @abstractmethod
-    def train_batches(self, epoch: int) -> Iterable[Batch]:
-        """This rank's micro-batches for `epoch`, in the same order every time (for exact resume)."""
+    def train_batches(self, epoch: int, phase: int = 0) -> Iterable[Batch]:
+        """This rank's micro-batches for `epoch` of `phase` (an index into `phases()`; 0 for a task with one
+        phase), in the same order every time (for exact resume)."""
 
     @abstractmethod
     def eval_batches(self) -> Iterable[Batch]:
@@ -62,6 +64,11 @@ class TrainingTask(ABC):
     @abstractmethod
     def save_model(self, model: torch.nn.Module, directory: Path) -> None:
         """Write the model (and tokenizer) in the transformers layout."""
+
+    def phases(self) -> list[int]:
+        """The steps of each training phase, in order, when the batches change between phases (a sequence-length
+        schedule); their sum is max_steps. Empty: one phase."""
+        return []
 
     def parameter_groups(self, model: torch.nn.Module, weight_decay: float) -> list[dict]:
         return optim.parameter_groups(model.named_parameters(), weight_decay)
@@ -122,11 +129,13 @@ class WorkerEnv:
 
 @dataclass
 class Position:
-    """How far training got: optimizer steps and the micro-batch reached inside the current epoch."""
+    """How far training got: optimizer steps, the phase, and the micro-batch reached inside the phase's current
+    epoch."""
 
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
+    phase: int = 0
 
 
 class Trainer:
@@ -147,6 +156,9 @@ class Trainer:
         self.scheduler = optim.build_scheduler(self.optimizer, settings.warmup_steps, settings.max_steps,
                                                settings.lr_decay_power)
         self.scaler = precision.grad_scaler(settings.precision, env.device)
+        self.phase_ends = list(itertools.accumulate(task.phases()))
+        if self.phase_ends and self.phase_ends[-1] != settings.max_steps:
+            raise ValueError(f"the task's phases end at step {self.phase_ends[-1]}, max_steps is {settings.max_steps}")
         self.position = Position()
         self.best: float | None = None
         self.nonfinite_run = 0
@@ -172,6 +184,9 @@ class Trainer:
             stepped = self._train_step(batches, window)
             pos.step += 1
             window_steps += 1
+            if pos.step in self.phase_ends[:-1]:
+                self._next_phase()
+                batches = self._micro_batches()
             if not stepped:
                 self.nonfinite_run += 1
                 if self.nonfinite_run >= s.max_nonfinite_steps:
@@ -212,12 +227,21 @@ class Trainer:
         sums = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).cpu()
         return all(torch.equal(sums, other) for other in gather_objects(sums, self.env.world_size))
 
+    def _next_phase(self) -> None:
+        """Start the next phase's batches at its first epoch (the checkpoint of this step resumes there)."""
+        pos = self.position
+        pos.phase, pos.epoch, pos.batch_in_epoch = pos.phase + 1, 0, 0
+        if self.env.is_main:
+            self.env.print_fn(f"step {pos.step}/{self.settings.max_steps} | phase {pos.phase + 1}/"
+                              f"{len(self.phase_ends)} begins")
+
     def _micro_batches(self) -> Iterator[Batch]:
-        """Micro-batches across epochs, starting at the saved position (already-trained batches are skipped)."""
+        """The current phase's micro-batches across epochs, starting at the saved position (already-trained
+        batches are skipped)."""
         pos = self.position
         while True:
             produced = False
-            for index, batch in enumerate(self.task.train_batches(pos.epoch)):
+            for index, batch in enumerate(self.task.train_batches(pos.epoch, pos.phase)):
                 produced = True
                 if index < pos.batch_in_epoch:
                     continue
@@ -364,7 +388,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else {},
-            "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch,
+            "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch, "phase": pos.phase,
             "best": self.best if self.best is not None else float("nan"),
             "task": self.task.state(),
             "rng_states": rng_states,
@@ -377,15 +401,16 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
-        self.position = Position(state["step"], state["epoch"], state["batch_in_epoch"])
+        self.position = Position(state["step"], state["epoch"], state["batch_in_epoch"], state.get("phase", 0))
         self.best = None if math.isnan(state["best"]) else state["best"]
         self.task.restore(state.get("task", {}))
         rng_states = state["rng_states"]
         if self.env.rank < len(rng_states):
             torch.set_rng_state(rng_states[self.env.rank])
         if self.env.is_main:
+            phase = f"phase {self.position.phase + 1}, " if self.phase_ends else ""
             self.env.print_fn(f"resumed from {directory} at step {self.position.step} "
-                              f"(epoch {self.position.epoch}, batch {self.position.batch_in_epoch})")
+                              f"({phase}epoch {self.position.epoch}, batch {self.position.batch_in_epoch})")
 
     def _stop_diverged(self, metrics: dict[str, Any]) -> dict[str, Any]:
         message = (f"loss or gradients were not finite for {self.nonfinite_run} consecutive steps (up to step "
