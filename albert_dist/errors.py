@@ -45,5 +45,10 @@ def disk_full_errors(what: str, error: type[AlbertDistError] = AlbertDistError):
         cause = err.__cause__ if isinstance(err, AlbertDistError) else err
         if cause is None or not is_disk_full(cause):
             raise
-        raise error(f"no space left on device while writing {what}: free some space or write elsewhere "
-                    f"(what was there before is kept)") from cause
+        raise disk_full_error(what, error) from cause
+
+
+def disk_full_error(what: str, error: type[AlbertDistError] = AlbertDistError) -> AlbertDistError:
+    """The one line that says the disk filled up while writing `what`."""
+    return error(f"no space left on device while writing {what}: free some space or write elsewhere (what was "
+                 f"there before is kept)")

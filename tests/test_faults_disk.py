@@ -3,10 +3,12 @@ path, and what was there before intact (no half-written file left behind). The d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -21,18 +23,24 @@ from test_data_support import english_tokenizer  # noqa: F401 - fixture
 from test_loop import Checkpoints, KeywordTask, settings
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` (mount's syntax: "2m") mounted at `directory` for the block."""
+    directory.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
     try:
-        yield disk
+        yield directory
     finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        yield disk
 
 
 def fill(disk: Path, leave: int = 0) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from process_helpers import process_tree
+from test_faults_disk import fill, tmpfs
 from safetensors.torch import load_file
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
@@ -73,13 +74,16 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.pretrain import pretrain
 
-    # SOP is learnt after MLM: this tiny model picks up the order cue after 150-250 steps, depending on the seed
-    overrides = pretrain_overrides(prepared, "learns", steps=400) + [
-        "train.learning_rate=5e-3", "train.log_every=50", "train.eval_every=200", "train.checkpoint_every=200"]
+    # SOP is learnt after MLM: this tiny model picks up the order cue after 150-400 steps, depending on the seed and
+    # the CPU's arithmetic (a CI machine's run stayed at chance at step 400 with 5 warmup steps); with 40 warmup
+    # steps and 600 in all, six other corpus x run seeds all reached 0.98-1.0 here (400 steps: one at 0.59)
+    overrides = pretrain_overrides(prepared, "learns", steps=600) + [
+        "train.learning_rate=5e-3", "train.warmup_steps=40", "train.log_every=50", "train.eval_every=300",
+        "train.checkpoint_every=300"]
     outcome = pretrain(load_config(PretrainJobConfig, None, overrides))
 
     m = outcome.metrics
-    assert m["step"] == 400 and m["replicas_identical"] == 1.0
+    assert m["step"] == 600 and m["replicas_identical"] == 1.0
     assert m["eval_sop_accuracy"] > 0.9, m
 
     client = MlflowClient(outcome.tracking_uri)
@@ -88,11 +92,11 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     assert run.data.params["model.hidden_size"] == "64" and run.data.params["world_size"] == "2"
     assert run.data.params["data.in_memory"] == "True"  # a small corpus is read once (data.cache auto)
     losses = [x.value for x in sorted(client.get_metric_history(outcome.run_id, "loss"), key=lambda x: x.step)]
-    assert len(losses) == 8 and losses[-1] < losses[0] - 1.0
+    assert len(losses) == 12 and losses[-1] < losses[0] - 1.0
     sop = client.get_metric_history(outcome.run_id, "eval_sop_accuracy")
-    assert sorted(x.step for x in sop) == [200, 400]
+    assert sorted(x.step for x in sop) == [300, 600]
     baseline = client.get_metric_history(outcome.run_id, "eval_mlm_unigram_baseline")
-    assert sorted(x.step for x in baseline) == [200, 400] and len({x.value for x in baseline}) == 1  # fixed masks
+    assert sorted(x.step for x in baseline) == [300, 600] and len({x.value for x in baseline}) == 1  # fixed masks
     assert 0 < m["eval_mlm_unigram_baseline"] < m["eval_mlm_accuracy"] - 0.05, m
     artifacts = {a.path for a in client.list_artifacts(outcome.run_id, "model")}
     assert {"model/config.json", "model/model.safetensors", "model/spiece.model"} <= artifacts
@@ -434,6 +438,115 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseli
     assert outcome.metrics["resumed_from_step"] == RESUME_STEPS - 10  # the checkpoint before the corrupted one
     assert outcome.metrics["step"] == RESUME_STEPS
     assert_same_weights(baseline, final_weights(prepared / "faulted"))
+
+
+def test_metrics_survive_an_mlflow_outage_and_a_worker_killed_during_it(prepared, ray_session, tmp_path):
+    """A real training run against a real `mlflow server`: the server is stopped once the first metrics are in,
+    the training workers are SIGKILLed while it is down (after the first checkpoint, with metrics pending), then
+    the server comes back. Every logged step arrives exactly once."""
+    from mlflow.tracking import MlflowClient
+    from mlflow_server import free_port, start_server, stop_server
+
+    from albert_dist.metrics_log import STATE_FILE
+    from albert_dist.pretrain import pretrain
+    from albert_dist.tracking import RUN_ID_FILE
+
+    port, store = free_port(), tmp_path / "mlflow"
+    store.mkdir()
+    server = {"process": start_server(store, port)}
+    uri, run_dir = f"http://127.0.0.1:{port}", prepared / "outage"
+    state_file = run_dir / "ray" / "outage" / STATE_FILE
+    seen: dict[str, object] = {}
+
+    def wait_for(condition, what: str, timeout: float = 300) -> None:
+        deadline = time.time() + timeout
+        while not condition():
+            assert time.time() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    def pending_steps() -> set[int]:
+        try:
+            return {step for *_, step in json.loads(state_file.read_text())["pending"]}
+        except (OSError, ValueError, KeyError):
+            return set()
+
+    def outage() -> None:
+        try:
+            wait_for(lambda: (run_dir / RUN_ID_FILE).is_file(), "the MLflow run")
+            run_id = (run_dir / RUN_ID_FILE).read_text().strip()
+            wait_for(lambda: len(MlflowClient(uri).get_metric_history(run_id, "loss")) >= 2, "the first metrics")
+            stop_server(server["process"])
+            wait_for(lambda: checkpoints(run_dir) and len(pending_steps()) >= 2, "a checkpoint and pending metrics")
+            seen["pending"] = pending_steps()
+            seen["killed"] = train_worker_pids()
+            for pid in seen["killed"]:
+                os.kill(pid, signal.SIGKILL)
+            server["process"] = start_server(store, port)
+        except BaseException as err:  # noqa: BLE001 - reported by the test's thread below
+            seen["error"] = err
+
+    watcher = threading.Thread(target=outage)
+    watcher.start()
+    try:
+        outcome = pretrain(load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "outage", 400) + [
+            f"tracking.tracking_uri={uri}", "train.log_every=2", "train.eval_every=200", "train.checkpoint_every=20",
+            "train.max_failures=2"]))
+        watcher.join()
+        assert "error" not in seen, seen.get("error")
+        assert seen["killed"] and len(seen["pending"]) >= 2
+        assert outcome.metrics["step"] == 400 and outcome.metrics["resumed_from_step"] >= 20
+        client = MlflowClient(outcome.tracking_uri)
+        assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "loss")) == list(range(2, 401, 2))
+        assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "eval_loss")) == [200, 400]
+        assert json.loads(state_file.read_text())["pending"] == []
+    finally:
+        watcher.join()
+        if server["process"].poll() is None:
+            stop_server(server["process"])
+
+
+@pytest.fixture
+def run_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "16m") as disk:
+        yield disk
+
+
+def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and_resumes(
+        prepared, ray_session, run_disk, tmp_path):
+    """The run directory is a real 16 MB tmpfs, filled up once the first checkpoint is stored: the next one fails
+    inside `ray.train.report` (Ray Train copying it into the run's storage). The job stops with one line naming
+    the step, the stored checkpoint still verifies, and once space is freed the relaunch resumes from it."""
+    from albert_dist.errors import AlbertDistError
+    from albert_dist.pretrain import pretrain
+    from albert_dist.train import checkpointing
+
+    overrides = pretrain_overrides(run_disk, "full", 40) + [
+        f"data.output={prepared / 'prepared'}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        "train.checkpoint_every=10", "train.eval_every=40", "train.log_every=5"]
+
+    def fill_after_the_first_checkpoint() -> None:
+        deadline = time.time() + 300
+        while not checkpoints(run_disk / "full") and time.time() < deadline:
+            time.sleep(0.1)
+        fill(run_disk)
+
+    filler = threading.Thread(target=fill_after_the_first_checkpoint)
+    filler.start()
+    try:
+        with pytest.raises(AlbertDistError, match=r"^no space left on device while writing .*the run's storage"):
+            pretrain(load_config(PretrainJobConfig, None, overrides))
+    finally:
+        filler.join()
+    stored = checkpoints(run_disk / "full")
+    assert stored, "no checkpoint was stored before the disk filled"
+    for checkpoint in stored:
+        checkpointing.verify_manifest(checkpoint)  # what was stored before stays whole
+
+    (run_disk / "ballast").unlink()
+    outcome = pretrain(load_config(PretrainJobConfig, None, overrides))
+    assert outcome.metrics["step"] == 40 and outcome.metrics["resumed_from_step"] >= 10
+    # Ray Train's own record of the checkpoints, written in place, was cut off by the full disk: set aside
+    assert (run_disk / "full" / "ray" / "full" / "checkpoint_manager_snapshot.json.unreadable").is_file()
 
 
 def _copy_of_the_data(root: Path, name: str) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from albert_dist import tracking
+from albert_dist.metrics_log import MetricsLogger
 from mlflow_server import free_port, start_server, stop_server
 
 
@@ -25,7 +26,7 @@ def test_metrics_survive_a_tracking_outage(server, tmp_path, capsys, monkeypatch
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
     run_id = tracking.start_or_resume_run(server["uri"], "outage", tmp_path / "run", "outage")
-    logger = tracking.MetricsLogger(server["uri"], run_id)
+    logger = MetricsLogger(server["uri"], run_id)
     logger({"loss": 3.0}, 1)
 
     stop_server(server["process"])
@@ -47,11 +48,42 @@ def test_metrics_survive_a_tracking_outage(server, tmp_path, capsys, monkeypatch
     assert "flushed" in capsys.readouterr().out
 
     # a restarted worker continues the run without logging the replayed steps again
-    restarted = tracking.MetricsLogger(server["uri"], run_id, skip_replayed=True)
+    restarted = MetricsLogger(server["uri"], run_id, skip_replayed=True)
     restarted({"loss": 9.9}, 3)
     restarted({"loss": 0.5}, step + 1)
     steps = sorted(m.step for m in tracking._client(server["uri"]).get_metric_history(run_id, "loss"))
     assert steps == list(range(1, step + 2))
+
+
+def test_metrics_a_dead_worker_left_pending_are_sent_by_the_next_logger_and_not_logged_twice(tmp_path, monkeypatch):
+    """The logger's state file keeps what the server did not get; a restarted worker's logger sends it, and does
+    not log again the steps it trains a second time after resuming from its checkpoint, without asking the
+    server (which may still be down when the worker restarts)."""
+    from albert_dist.metrics_log import send_left_behind
+    from mlflow_server import free_port
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.start_or_resume_run(store, "spill", tmp_path / "run", "spill")
+    state = tmp_path / "run" / "tracked_metrics.json"
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every request is refused
+    dead = MetricsLogger(down, run_id, state_file=state)
+    for step in (1, 2, 3):
+        dead({"loss": 4.0 - step}, step)
+    assert len(dead.pending) == 3
+    del dead  # the worker is gone; only its state file is left
+
+    restarted = MetricsLogger(down, run_id, skip_replayed=True, state_file=state)
+    assert restarted.resume_after == 3 and len(restarted.pending) == 3  # known without the server
+    restarted({"loss": 9.9}, 2)  # trained again after resuming from the checkpoint of step 1: not logged
+    restarted({"loss": 0.5}, 4)
+    assert len(restarted.pending) == 4
+    send_left_behind(store, run_id, state)  # the driver, once training ended, reaches the store
+    history = tracking._client(store).get_metric_history(run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 3.0), (2, 2.0), (3, 1.0), (4, 0.5)]
+    assert MetricsLogger(store, run_id, state_file=state).pending == []  # nothing left to send twice
+    other_run = MetricsLogger(store, "another-run", skip_replayed=True, state_file=state)
+    assert other_run.resume_after == -1 and other_run.pending == []  # a state of another run is not taken
 
 
 def test_run_is_reused_from_the_run_directory_and_secrets_are_redacted(tmp_path):
@@ -184,7 +216,7 @@ def test_metrics_the_store_refuses_for_good_are_dropped_not_retried_forever(tmp_
     dropped, so it cannot block the metrics logged after it."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_id = tracking.start_or_resume_run(uri, "refused", tmp_path / "run", "refused")
-    logger = tracking.MetricsLogger(uri, run_id)
+    logger = MetricsLogger(uri, run_id)
     logger({"bad name!": 1.0}, 1)
     logger({"loss": 2.0}, 2)
     assert logger.pending == []

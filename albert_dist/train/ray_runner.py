@@ -19,10 +19,10 @@ import ray.train
 import ray.train.torch
 import torch
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.v2.api.exceptions import ControllerError
+from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from albert_dist.config import ScalingSection, TrainSection
-from albert_dist.errors import AlbertDistError, CheckpointError, ConfigError
+from albert_dist.errors import AlbertDistError, CheckpointError, ConfigError, disk_full_error, is_disk_full
 from albert_dist.train import checkpointing
 from albert_dist.train.loop import Trainer, WorkerEnv, broadcast_object
 
@@ -74,6 +74,7 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     """
     from ray.data import DataContext
 
+    _set_aside_unreadable_ray_record(storage_path / name)
     if fingerprint is not None:
         _check_relaunch(storage_path / name, fingerprint, resume_changes, tracking)
     training_data_context()
@@ -95,17 +96,56 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     )
     try:
         result = trainer.fit()
+    except WorkerGroupError as err:
+        raise _user_error(err.worker_failures.values(), storage_path / name) or err from None
     except ControllerError as err:
-        raise TrainingStalled(f"training {name!r} could not get its workers' resources back "
-                              f"({train.resource_wait_attempts} attempts: {err.controller_failure}); the last "
-                              f"checkpoint is kept in {storage_path / name}: relaunch the same run.name to resume "
-                              f"once the cluster has {scaling.num_workers} worker slot(s) again") from None
+        raise _user_error([err.controller_failure], storage_path / name) or TrainingStalled(
+            f"training {name!r} could not get its workers' resources back ({train.resource_wait_attempts} attempts: "
+            f"{err.controller_failure}); the last checkpoint is kept in {storage_path / name}: relaunch the same "
+            f"run.name to resume once the cluster has {scaling.num_workers} worker slot(s) again") from None
+    if tracking is not None:
+        from albert_dist.metrics_log import STATE_FILE, send_left_behind
+
+        send_left_behind(*tracking, storage_path / name / STATE_FILE)
     metrics = dict(result.metrics or {})
     if metrics.get("diverged"):
         raise TrainingDiverged(str(metrics.get("message", "training diverged")))
     # the newest checkpoint that passes its checksums (Ray's latest record, or a newer one it had not registered)
     checkpoint_dir = resume_directory(result.checkpoint, storage_path / name, _silent)
     return TrainingResult(metrics, checkpoint_dir, storage_path / name)
+
+
+def _user_error(failures, storage_dir: Path) -> Exception | None:
+    """The one-line error of a failed training, when the failures of its workers or controller show one: a
+    worker's own `AlbertDistError` (a full disk while staging a checkpoint, bad data), or a full disk while Ray
+    Train stored a checkpoint into the run's storage. None: Ray's error says it best."""
+    for failure in failures:
+        cause = getattr(failure, "cause", failure)  # a RayTaskError carries the worker's exception as its cause
+        if isinstance(cause, AlbertDistError):
+            return cause
+        if is_disk_full(cause):
+            return disk_full_error(f"a checkpoint into the run's storage {storage_dir} (the checkpoints stored "
+                                   f"before are kept: relaunch the same run.name to resume from them)")
+    return None
+
+
+def _set_aside_unreadable_ray_record(storage_dir: Path) -> None:
+    """Ray Train writes its record of a run's checkpoints (checkpoint_manager_snapshot.json) in place, so a disk
+    that filled up or a crash while it was written can leave it empty, and Ray then refuses to start the run
+    again. The checkpoints themselves carry their own checksums: set the record aside and resume from the newest
+    checkpoint that verifies (`resume_directory` finds it without Ray's record)."""
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+    record = storage_dir / CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+    try:
+        json.loads(record.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        aside = record.with_name(record.name + ".unreadable")
+        record.replace(aside)
+        print(f"warning: Ray Train's record of the run's checkpoints was unreadable (written while the disk was "
+              f"full, or cut off by a crash); set aside as {aside}: resuming from the newest checkpoint that verifies")
 
 
 def training_data_context() -> None:
@@ -165,9 +205,10 @@ def _train_worker(config: dict[str, Any]) -> None:
     rank = context.get_world_rank()
     logger = None
     if config["tracking"] and rank == 0:
-        from albert_dist.tracking import MetricsLogger
+        from albert_dist.metrics_log import STATE_FILE, MetricsLogger
 
-        logger = MetricsLogger(*config["tracking"], skip_replayed=True)
+        logger = MetricsLogger(*config["tracking"], skip_replayed=True,
+                               state_file=Path(config["storage_dir"]) / STATE_FILE)
     world_size = context.get_world_size()
     # rank 0 picks the checkpoint (verifying it) and every rank resumes from that one
     resume_dir = resume_directory(ray.train.get_checkpoint(), Path(config["storage_dir"])) if rank == 0 else None

@@ -1,0 +1,144 @@
+"""Training metrics on their way to MLflow: batched, buffered while the server is unreachable, kept on disk.
+
+Rank 0 of a training run logs through one `MetricsLogger`. A down tracking server must neither stop training nor
+lose a metric: what could not be sent stays pending and is retried at the next log step. The logger also writes
+its state (the last step handed to it and what is still pending) to a file in the run's storage, after every
+step it logs, so that
+
+- a worker killed while the server is down loses nothing: the restarted worker's logger reads the pending
+  metrics back and sends them when it can, and the driver sends what a worker left behind when training ends;
+- a worker restarted from a checkpoint trains the steps after that checkpoint again, and their metrics, logged
+  the first time, are not logged twice (the state says up to which step), even when the server is down at the
+  restart and cannot be asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from albert_dist.files import publish_text
+
+#: the logger's state file, in the run's storage directory
+STATE_FILE = "tracked_metrics.json"
+
+#: MLflow error codes of a request that will never succeed however often it is retried
+REFUSED_FOR_GOOD = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "PERMISSION_DENIED", "UNAUTHENTICATED",
+                    "INVALID_STATE", "BAD_REQUEST"}
+
+
+class MetricsLogger:
+    """Logs metric batches to the MLflow run `run_id`, buffering them while the server is unreachable.
+
+    `state_file` (optional) keeps the pending metrics and the last step across a worker's death. With
+    `skip_replayed`, steps up to the last one already handed over (the state file's, else the last the run has of
+    `progress_metric`) are not logged again.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str, max_buffer: int = 100_000, skip_replayed: bool = False,
+                 progress_metric: str = "loss", state_file: Path | None = None):
+        from albert_dist.tracking import _client
+
+        self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
+        self.state_file = state_file
+        self._client = lambda: _client(tracking_uri)
+        self._warned = False
+        # MLflow's default retries back off for minutes: a down server must cost a training step seconds at most
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        state = self._read_state()
+        self.pending: list[Any] = state["pending"]
+        self.last_step: int = state["last_step"]
+        self.resume_after = -1
+        if skip_replayed:
+            self.resume_after = self.last_step if state["found"] else self._last_logged_step(progress_metric)
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        if step <= self.resume_after:
+            return
+        now = int(time.time() * 1000)
+        self.pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items()
+                            if isinstance(v, (int, float)))
+        self.last_step = max(self.last_step, step)
+        self.flush()
+
+    def flush(self) -> bool:
+        """Try to send what is pending, then save the state; True when nothing is left. A batch the store refuses
+        for good (a deleted run, a refused permission, an invalid value) is reported and dropped: kept, it would
+        block every later one."""
+        try:
+            self._send()
+        except Exception as err:  # noqa: BLE001 - tracking must never stop training
+            if not self._warned:
+                from albert_dist.tracking import redact_url
+
+                print(f"warning: MLflow unreachable ({type(err).__name__}: {redact_url(str(err))[:200]}); "
+                      f"buffering metrics and retrying at the next log step")
+                self._warned = True
+            del self.pending[:-self.max_buffer]
+        else:
+            if self._warned:
+                print("MLflow reachable again: buffered metrics flushed")
+                self._warned = False
+        self._save_state()
+        return not self.pending
+
+    def _send(self) -> None:
+        from albert_dist.tracking import redact_url
+
+        client = self._client()
+        while self.pending:
+            batch = self.pending[:1000]
+            try:
+                client.log_batch(self.run_id, metrics=batch)
+            except Exception as err:  # noqa: BLE001 - sorted here: refused for good, or unreachable
+                if getattr(err, "error_code", None) not in REFUSED_FOR_GOOD:
+                    raise
+                print(f"warning: MLflow refused {len(batch)} metric value(s) of steps {batch[0].step}-"
+                      f"{batch[-1].step} for good ({err.error_code}: {redact_url(str(err))[:200]}); dropped")
+            del self.pending[:len(batch)]
+
+    def _last_logged_step(self, metric: str) -> int:
+        try:
+            history = self._client().get_metric_history(self.run_id, metric)
+        except Exception:  # noqa: BLE001 - unreachable now: nothing to skip, duplicates are the lesser evil
+            return -1
+        return max((m.step for m in history), default=-1)
+
+    def _read_state(self) -> dict[str, Any]:
+        """The state a logger of this run saved last (a state of another MLflow run counts as none)."""
+        from mlflow.entities import Metric
+
+        empty = {"found": False, "pending": [], "last_step": -1}
+        if self.state_file is None or not self.state_file.is_file():
+            return empty
+        try:
+            state = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return empty  # published atomically, so only a foreign file gets here
+        if state.get("run_id") != self.run_id:
+            return empty
+        return {"found": True, "last_step": int(state["last_step"]),
+                "pending": [Metric(key, value, timestamp, step) for key, value, timestamp, step in state["pending"]]}
+
+    def _save_state(self) -> None:
+        if self.state_file is None:
+            return
+        publish_text(self.state_file, json.dumps({
+            "run_id": self.run_id, "last_step": self.last_step,
+            "pending": [[m.key, m.value, m.timestamp, m.step] for m in self.pending]}))
+
+
+def send_left_behind(tracking_uri: str, run_id: str, state_file: Path) -> None:
+    """Send the metrics a training worker could not (the server was down when it ended or died); they stay in
+    `state_file` for a later relaunch if the server is still unreachable."""
+    if state_file.is_file():
+        logger = MetricsLogger(tracking_uri, run_id, state_file=state_file)
+        if logger.pending and not logger.flush():
+            print(f"warning: {len(logger.pending)} metric value(s) could not reach MLflow; they stay in "
+                  f"{state_file} and are sent when this run is relaunched")
