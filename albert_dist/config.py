@@ -333,8 +333,10 @@ class PretrainingTrainSection(TrainSection):
     @model_validator(mode="before")
     @classmethod
     def _max_steps_from_phases(cls, values: Any) -> Any:
-        """Without an explicit max_steps, the phases' steps add up to it."""
-        if isinstance(values, dict) and values.get("phases") and "max_steps" not in values:
+        """max_steps left at its default becomes the phases' sum (a config's defaults are filled in before it is
+        validated, so "left at its default" is all that can be told)."""
+        default = cls.model_fields["max_steps"].default
+        if isinstance(values, dict) and values.get("phases") and values.get("max_steps", default) == default:
             try:
                 values = {**values, "max_steps": sum(_phase_steps(phase) for phase in values["phases"])}
             except (TypeError, KeyError, AttributeError):
@@ -346,7 +348,7 @@ class PretrainingTrainSection(TrainSection):
         total = sum(phase.steps for phase in self.phases)
         if self.phases and total != self.max_steps:
             raise ValueError(f"the phases' steps add up to {total}, max_steps is {self.max_steps}: leave max_steps "
-                             f"out (it is the phases' sum) or make them agree")
+                             f"at its default (it becomes the phases' sum) or make them agree")
         return self
 
     def loop_settings(self) -> TrainSection:
