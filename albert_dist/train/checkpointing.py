@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from albert_dist.errors import CheckpointError
-from albert_dist.files import publish_bytes, sha256_file
+from albert_dist.errors import CheckpointError, disk_full_errors
+from albert_dist.files import publish_bytes, publish_dir, sha256_file
+from albert_dist.train.collectives import gather_objects
 
 MANIFEST = "manifest.json"
 #: job settings a relaunch may change and still resume: where outputs and tracking go, how often the run logs,
@@ -101,3 +104,95 @@ def load_training_state(directory: Path) -> dict[str, Any]:
     """Verify the checkpoint and load its state with `weights_only=True`: tensors and plain values, no pickled code."""
     verify_manifest(directory)
     return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def newest_verified(latest: Path | None, storage_dir: Path, say: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint of the run under `storage_dir` that passes its checksums, starting from `latest`
+    (the one Ray Train recorded last).
+
+    A checkpoint that fails verification (truncated, corrupted) is skipped with a message naming it, and the
+    previous one of the same run is used instead. A complete checkpoint that Ray had not registered yet when the
+    driver died (its manifest is written before Ray records it) is used too.
+    """
+    siblings = [p for p in storage_dir.glob("checkpoint_*") if p.is_dir() and p != latest]
+    # newest first; at equal steps Ray's record first (a stable sort keeps it ahead)
+    candidates = sorted(([latest] if latest else []) + siblings, key=_checkpoint_step, reverse=True)
+    for candidate in candidates:
+        try:
+            verify_manifest(candidate)
+        except CheckpointError as err:
+            say(f"warning: {err}; trying the previous checkpoint")
+            continue
+        if latest is not None and _checkpoint_step(candidate) < _checkpoint_step(latest):
+            say(f"resuming from the previous good checkpoint {candidate}")
+        return candidate
+    if not candidates:
+        return None
+    raise CheckpointError(f"no valid checkpoint under {storage_dir}: every one failed its checksums")
+
+
+def _checkpoint_step(path: Path) -> int:
+    try:
+        return int(json.loads((path / MANIFEST).read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+class CheckpointManager:
+    """The checkpoint policy of one training run in one place (as torchtitan's checkpointer): when a checkpoint
+    is due, what it holds (the model through the task, the trainer's state, the task's own state, every rank's
+    RNG, the best metric so far), how it is written (staged in a temporary directory, checksummed, handed to
+    `env.report`), the best model kept beside the checkpoints, and restoring all of it.
+
+    Every rank calls `report` and `keep_best` alike; only rank 0 writes.
+    """
+
+    def __init__(self, task, env, every: int):
+        self.task, self.env, self.every = task, env, every
+        self.best: float | None = None
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def keep_best(self, metrics: dict[str, float], model: torch.nn.Module) -> None:
+        """Publish `model` as the best model when the task's best metric improved."""
+        value = metrics.get(self.task.best_metric)
+        if value is None or not math.isfinite(value):
+            return
+        if self.best is not None and (value <= self.best if self.task.best_mode == "max" else value >= self.best):
+            return
+        self.best = value
+        if self.env.is_main and self.env.best_model_dir is not None:
+            publish_dir(self.env.best_model_dir, lambda d: self.task.save_model(model, d))
+
+    def report(self, metrics: dict[str, Any], model: torch.nn.Module, trainer_state: dict[str, Any] | None) -> None:
+        """Report `metrics`, with a checkpoint of `model` and `trainer_state` when that is given."""
+        if trainer_state is None:
+            self.env.report(metrics, None)
+            return
+        rng_states = gather_objects(torch.get_rng_state(), self.env.world_size)
+        if not self.env.is_main:
+            self.env.report(metrics, None)
+            return
+        step = trainer_state["step"]
+        state = {**trainer_state, "best": self.best if self.best is not None else float("nan"),
+                 "task": self.task.state(), "rng_states": rng_states}
+        with tempfile.TemporaryDirectory(prefix="albert-ckpt-") as tmp:
+            directory = Path(tmp)
+            with disk_full_errors(f"the checkpoint of step {step} ({directory}, then the run's storage)"):
+                self.task.save_model(model, directory / MODEL_DIR)
+                save_training_state(directory, state, {"step": step, "epoch": trainer_state["epoch"],
+                                                       "fingerprint": self.env.fingerprint})
+                self.env.report(metrics, directory)
+
+    def restore(self, model: torch.nn.Module, directory: Path) -> dict[str, Any]:
+        """Load the checkpoint at `directory` into `model`, the task and this rank's RNG; returns the trainer's
+        part of the state."""
+        state = load_training_state(directory)
+        self.task.load_weights(model, directory / MODEL_DIR)
+        self.best = None if math.isnan(state["best"]) else state["best"]
+        self.task.restore(state.get("task", {}))
+        rng_states = state["rng_states"]
+        if self.env.rank < len(rng_states):
+            torch.set_rng_state(rng_states[self.env.rank])
+        return state

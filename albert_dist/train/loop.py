@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -22,9 +21,8 @@ import torch
 import torch.distributed as dist
 
 from albert_dist.config import TrainSection
-from albert_dist.errors import disk_full_errors
-from albert_dist.files import publish_dir
 from albert_dist.train import checkpointing, optim, precision
+from albert_dist.train.collectives import gather_objects
 
 Batch = dict[str, torch.Tensor]
 #: how close to its baseline (absolute) a metric counts as "learned nothing" for the plateau warning
@@ -160,7 +158,7 @@ class Trainer:
         if self.phase_ends and self.phase_ends[-1] != settings.max_steps:
             raise ValueError(f"the task's phases end at step {self.phase_ends[-1]}, max_steps is {settings.max_steps}")
         self.position = Position()
-        self.best: float | None = None
+        self.checkpoints = checkpointing.CheckpointManager(task, env, settings.checkpoint_every)
         self.nonfinite_run = 0
         self.plateau_warned = False
         if env.resume_dir is not None:
@@ -200,11 +198,11 @@ class Trainer:
                 self._log(metrics, fit_start, start_step)
                 window, window_start, window_steps = {}, time.perf_counter(), 0
             evaluate = pos.step % s.eval_every == 0 or last or self.task.should_evaluate(pos.step)
-            checkpoint = pos.step % s.checkpoint_every == 0 or last
+            checkpoint = self.checkpoints.due(pos.step) or last
             stop = False
             if evaluate:
                 metrics.update(self.evaluate())
-                self._keep_best(metrics)
+                self.checkpoints.keep_best(metrics, self.model)
                 self._show_evaluation(metrics)
                 if self.env.log_metrics:
                     self.env.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval_")}, pos.step)
@@ -215,7 +213,8 @@ class Trainer:
                 metrics["replicas_identical"] = float(self.replicas_identical())
                 metrics["resumed_from_step"] = float(start_step if self.env.resume_dir is not None else -1)
             if evaluate or checkpoint:
-                self._report(metrics, checkpoint or stop)
+                self.checkpoints.report({**metrics, "step": pos.step, "epoch": pos.epoch}, self.model,
+                                        self._state() if checkpoint or stop else None)
             if stop:
                 if self.env.is_main:
                     self.env.print_fn(f"early stop at step {pos.step}: {self.task.best_metric} did not improve")
@@ -351,62 +350,24 @@ class Trainer:
         totals = all_reduce_sums(sums, self.env.device)
         return {f"eval_{k}": v for k, v in self.task.summarize(totals).items()} if totals else {}
 
-    def _keep_best(self, metrics: dict[str, float]) -> None:
-        value = metrics.get(self.task.best_metric)
-        if value is None or not math.isfinite(value):
-            return
-        better = self.best is None or (value > self.best if self.task.best_mode == "max" else value < self.best)
-        if not better:
-            return
-        self.best = value
-        if self.env.is_main and self.env.best_model_dir is not None:
-            publish_dir(self.env.best_model_dir, lambda d: self.task.save_model(self.model, d))
-
     # ----------------------------------------------------------------------------------------- checkpoints
-    def _report(self, metrics: dict[str, Any], with_checkpoint: bool) -> None:
-        payload = {**metrics, "step": self.position.step, "epoch": self.position.epoch}
-        if not with_checkpoint:
-            self.env.report(payload, None)
-            return
-        rng_states = gather_objects(torch.get_rng_state(), self.env.world_size)
-        if not self.env.is_main:
-            self.env.report(payload, None)
-            return
-        with tempfile.TemporaryDirectory(prefix="albert-ckpt-") as tmp:
-            directory = Path(tmp)
-            with disk_full_errors(f"the checkpoint of step {self.position.step} ({directory}, then the run's "
-                                  f"storage)"):
-                self.task.save_model(self.model, directory / checkpointing.MODEL_DIR)
-                checkpointing.save_training_state(directory, self._state(rng_states),
-                                                  {"step": self.position.step, "epoch": self.position.epoch,
-                                                   "fingerprint": self.env.fingerprint})
-                self.env.report(payload, directory)
-
-    def _state(self, rng_states: list[torch.Tensor]) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
+        """The trainer's part of a checkpoint (the `CheckpointManager` adds the rest)."""
         pos = self.position
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else {},
             "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch, "phase": pos.phase,
-            "best": self.best if self.best is not None else float("nan"),
-            "task": self.task.state(),
-            "rng_states": rng_states,
         }
 
     def _restore(self, directory: Path) -> None:
-        state = checkpointing.load_training_state(directory)
-        self.task.load_weights(self.model, directory / checkpointing.MODEL_DIR)
+        state = self.checkpoints.restore(self.model, directory)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         self.position = Position(state["step"], state["epoch"], state["batch_in_epoch"], state.get("phase", 0))
-        self.best = None if math.isnan(state["best"]) else state["best"]
-        self.task.restore(state.get("task", {}))
-        rng_states = state["rng_states"]
-        if self.env.rank < len(rng_states):
-            torch.set_rng_state(rng_states[self.env.rank])
         if self.env.is_main:
             phase = f"phase {self.position.phase + 1}, " if self.phase_ends else ""
             self.env.print_fn(f"resumed from {directory} at step {self.position.step} "
@@ -453,23 +414,6 @@ def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict
         dist.all_reduce(packed)
     summed = packed.split([part.numel() for part in parts])
     return {k: (part.tolist() if shapes[k] else part.item()) for k, part in zip(keys, summed)}
-
-
-def broadcast_object(obj: Any, world_size: int) -> Any:
-    """Rank 0's `obj` on every rank."""
-    if world_size > 1 and dist.is_available() and dist.is_initialized():
-        holder = [obj]
-        dist.broadcast_object_list(holder, src=0)
-        return holder[0]
-    return obj
-
-
-def gather_objects(obj: Any, world_size: int) -> list[Any]:
-    if world_size > 1 and dist.is_available() and dist.is_initialized():
-        gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, obj)
-        return gathered
-    return [obj]
 
 
 def _duration(seconds: float) -> str:

@@ -22,9 +22,10 @@ from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, Sc
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from albert_dist.config import ScalingSection, TrainSection
-from albert_dist.errors import AlbertDistError, CheckpointError, ConfigError, disk_full_error, is_disk_full
+from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is_disk_full
 from albert_dist.train import checkpointing
-from albert_dist.train.loop import Trainer, WorkerEnv, broadcast_object
+from albert_dist.train.collectives import broadcast_object
+from albert_dist.train.loop import Trainer, WorkerEnv
 
 
 class TrainingStalled(AlbertDistError):
@@ -133,7 +134,7 @@ def _set_aside_unreadable_ray_record(storage_dir: Path) -> None:
     """Ray Train writes its record of a run's checkpoints (checkpoint_manager_snapshot.json) in place, so a disk
     that filled up or a crash while it was written can leave it empty, and Ray then refuses to start the run
     again. The checkpoints themselves carry their own checksums: set the record aside and resume from the newest
-    checkpoint that verifies (`resume_directory` finds it without Ray's record)."""
+    checkpoint that verifies (`checkpointing.newest_verified` finds it without Ray's record)."""
     from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
     record = storage_dir / CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
@@ -178,7 +179,7 @@ def _check_relaunch(storage_dir: Path, fingerprint: dict[str, Any], resume_chang
     latest = resume_directory(None, storage_dir, _silent) if storage_dir.is_dir() else None
     if latest is None:
         return
-    manifest = json.loads((latest / checkpointing.MANIFEST).read_text())  # resume_directory verified it
+    manifest = json.loads((latest / checkpointing.MANIFEST).read_text())  # verified by resume_directory
     changes = checkpointing.fingerprint_changes(manifest.get("fingerprint"), fingerprint)
     if not changes:
         return
@@ -229,38 +230,13 @@ def _report(metrics: dict[str, Any], checkpoint_dir: Path | None) -> None:
     ray.train.report(metrics, checkpoint=checkpoint)
 
 
+def resume_directory(checkpoint: "ray.train.Checkpoint | None", storage_dir: Path,
+                     say: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint of the run that verifies, starting from the one Ray Train hands back."""
+    return checkpointing.newest_verified(Path(checkpoint.path) if checkpoint is not None else None, storage_dir, say)
+
+
 def _silent(_: str) -> None:
     pass
 
 
-def resume_directory(checkpoint: "ray.train.Checkpoint | None", storage_dir: Path,
-                     say: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint of the run that passes its checksums, starting from the one Ray hands back.
-
-    A checkpoint that fails verification (truncated, corrupted) is skipped with a message naming it, and the
-    previous one of the same run is used instead. A complete checkpoint that Ray had not registered yet when the
-    driver died (its manifest is written before Ray records it) is used too.
-    """
-    latest = Path(checkpoint.path) if checkpoint is not None else None
-    siblings = [p for p in storage_dir.glob("checkpoint_*") if p.is_dir() and p != latest]
-    # newest first; at equal steps Ray's record first (a stable sort keeps it ahead)
-    candidates = sorted(([latest] if latest else []) + siblings, key=_checkpoint_step, reverse=True)
-    for candidate in candidates:
-        try:
-            checkpointing.verify_manifest(candidate)
-        except CheckpointError as err:
-            say(f"warning: {err}; trying the previous checkpoint")
-            continue
-        if latest is not None and _checkpoint_step(candidate) < _checkpoint_step(latest):
-            say(f"resuming from the previous good checkpoint {candidate}")
-        return candidate
-    if not candidates:
-        return None
-    raise CheckpointError(f"no valid checkpoint under {storage_dir}: every one failed its checksums")
-
-
-def _checkpoint_step(path: Path) -> int:
-    try:
-        return int(json.loads((path / checkpointing.MANIFEST).read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
