@@ -2,7 +2,8 @@
 
 It knows nothing of Ray or of a particular task: a `TrainingTask` supplies the model, the batches and the loss, and
 a `WorkerEnv` supplies the rank, the device, the distributed wrapper and the reporting barrier. The loop does
-accumulation, mixed precision, clipping, the schedule, non-finite guarding, logging, evaluation, checkpoints and
+accumulation, mixed precision, clipping, the schedule, non-finite guarding, logging, evaluation and the switch
+between training phases; its `checkpointing.CheckpointManager` writes the checkpoints and restores them for an
 exact resume.
 """
 
