@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from albert_dist.errors import AlbertDistError
 from albert_dist.files import publish_text
 
 #: the logger's state file, in the run's storage directory
@@ -45,10 +46,7 @@ class MetricsLogger:
         self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
         self.state_file = state_file
         self._client = lambda: _client(tracking_uri)
-        self._warned = False
-        # MLflow's default retries back off for minutes: a down server must cost a training step seconds at most
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        self._warned = self._state_warned = False
         state = self._read_state()
         self.pending: list[Any] = state["pending"]
         self.last_step: int = state["last_step"]
@@ -68,9 +66,13 @@ class MetricsLogger:
         self.flush()
 
     def flush(self) -> bool:
-        """Try to send what is pending, then save the state; True when nothing is left. A batch the store refuses
-        for good (a deleted run, a refused permission, an invalid value) is reported and dropped: kept, it would
-        block every later one."""
+        """Save the state, try to send what is pending, save the state again; True when nothing is left.
+
+        The state is written ahead of sending: a worker killed after a batch reached the server but before the
+        second save leaves that batch pending, and its successor sends it again with the same timestamps, which
+        MLflow's store keeps once. A batch the store refuses for good (a deleted run, a refused permission, an
+        invalid value) is reported and dropped: kept, it would block every later one."""
+        self._save_state()
         try:
             self._send()
         except Exception as err:  # noqa: BLE001 - tracking must never stop training
@@ -129,16 +131,34 @@ class MetricsLogger:
     def _save_state(self) -> None:
         if self.state_file is None:
             return
-        publish_text(self.state_file, json.dumps({
-            "run_id": self.run_id, "last_step": self.last_step,
-            "pending": [[m.key, m.value, m.timestamp, m.step] for m in self.pending]}))
+        try:
+            publish_text(self.state_file, json.dumps({
+                "run_id": self.run_id, "last_step": self.last_step,
+                "pending": [[m.key, m.value, m.timestamp, m.step] for m in self.pending]}))
+        except (OSError, AlbertDistError) as err:  # tracking must never stop training (a full disk stops it anyway)
+            if not self._state_warned:
+                print(f"warning: could not save the metrics logger's state to {self.state_file} ({err}): metrics "
+                      f"pending when this worker dies would be lost")
+                self._state_warned = True
 
 
-def send_left_behind(tracking_uri: str, run_id: str, state_file: Path) -> None:
-    """Send the metrics a training worker could not (the server was down when it ended or died); they stay in
-    `state_file` for a later relaunch if the server is still unreachable."""
-    if state_file.is_file():
-        logger = MetricsLogger(tracking_uri, run_id, state_file=state_file)
-        if logger.pending and not logger.flush():
-            print(f"warning: {len(logger.pending)} metric value(s) could not reach MLflow; they stay in "
-                  f"{state_file} and are sent when this run is relaunched")
+def quick_failing_requests() -> None:
+    """MLflow's default retries back off for minutes: a down server must cost a training step seconds at most.
+    For a training worker's process (the environment is the process's own)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def send_left_behind(tracking_uri: str, run_id: str, state_file: Path, patience_s: float = 180) -> None:
+    """Send the metrics a training worker could not (the server was down when training ended, or when the worker
+    died), retrying for up to `patience_s` while the server is unreachable; what still cannot be sent stays in
+    `state_file` for a later relaunch."""
+    if not state_file.is_file():
+        return
+    logger = MetricsLogger(tracking_uri, run_id, state_file=state_file)
+    deadline = time.monotonic() + patience_s
+    while logger.pending and not logger.flush() and time.monotonic() < deadline:
+        time.sleep(5)
+    if logger.pending:
+        print(f"warning: {len(logger.pending)} metric value(s) could not reach MLflow; they stay in {state_file} "
+              f"and are sent when this run is relaunched")

@@ -47,7 +47,7 @@ class PretrainingTask(TrainingTask):
             context = ray.train.get_context()
             self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self._tokenizer = None
-        self.train_length = config["max_seq_length"]  # the sequence length of the phase being trained
+        self.train_length = config.get("max_seq_length")  # the sequence length of the phase being trained
 
     def build_model(self) -> torch.nn.Module:
         if self.config.get("init_from"):

@@ -206,8 +206,9 @@ def _train_worker(config: dict[str, Any]) -> None:
     rank = context.get_world_rank()
     logger = None
     if config["tracking"] and rank == 0:
-        from albert_dist.metrics_log import STATE_FILE, MetricsLogger
+        from albert_dist.metrics_log import STATE_FILE, MetricsLogger, quick_failing_requests
 
+        quick_failing_requests()
         logger = MetricsLogger(*config["tracking"], skip_replayed=True,
                                state_file=Path(config["storage_dir"]) / STATE_FILE)
     world_size = context.get_world_size()
