@@ -31,6 +31,7 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_DEVELOPMENT = "custom_model_development"
 ARTIFACTS_DIR = "mlartifacts"  # beside a SQLite store's database
 DIGEST_CHARS = 12  # of a dataset digest (MLflow keeps at most 36)
+DATASET_LOG_ATTEMPTS = 5
 # Values of parameters and tags whose names look like these are never logged.
 _SECRET_NAME = re.compile(r"(token|password|passwd|secret|credential|api[_-]?key|access[_-]?key)", re.I)
 # The user info of a URL (`https://user:password@host`): written as *** wherever a URL is shown or logged.
@@ -360,7 +361,18 @@ def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, 
         dataset = Dataset(name=name, digest=digest[:DIGEST_CHARS], source_type=resolved._get_source_type(),
                           source=resolved.to_json(), profile=json.dumps(profile))
         inputs.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
-    _client(tracking_uri).log_inputs(run_id, inputs)
+    client = _client(tracking_uri)
+    for attempt in range(DATASET_LOG_ATTEMPTS):
+        try:
+            client.log_inputs(run_id, inputs)
+            return
+        except Exception:
+            # MLflow's store looks a dataset up, then inserts it: two runs of one experiment (a sweep's trials)
+            # logging the same dataset at once collide on its unique key. The loser's transaction rolls back;
+            # on the next try the lookup finds the winner's row.
+            if attempt == DATASET_LOG_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def path_digest(path: str | Path) -> str:

@@ -235,3 +235,37 @@ def test_a_job_says_where_its_run_is_without_the_stores_credentials():
                                    "port-forward when it is remote)"]
     local = tracking.where_to_find("sqlite:////runs/mlflow.db", "abc123")
     assert local.endswith("mlflow ui --backend-store-uri sqlite:////runs/mlflow.db --host 127.0.0.1 --port 5000")
+
+
+def test_runs_logging_one_dataset_at_once_all_record_it(tmp_path):
+    """A sweep's trials log the same dataset into one experiment at the same moment: MLflow's SQL store looks the
+    dataset up, then inserts it, so all but one collide on its unique key. Every run must still record it."""
+    import threading
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("sweep")
+    runs = [client.create_run(experiment).info.run_id for _ in range(8)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("一句话。\n")
+    together = threading.Barrier(len(runs))
+    failures = []
+
+    def log(run_id):
+        together.wait()
+        try:
+            tracking.log_datasets(uri, run_id, [("train", "corpus", corpus, "0123456789abcdef", {"rows": 1})])
+        except Exception as err:  # noqa: BLE001 - collected to assert on below
+            failures.append(err)
+
+    threads = [threading.Thread(target=log, args=(run_id,)) for run_id in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert failures == []
+    for run_id in runs:
+        assert [d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs] == ["corpus"]
