@@ -118,21 +118,26 @@ def staged_checkout(extra: list[str], root: Path = REPO_ROOT) -> Iterator[Path]:
 
 def runtime_env(output_root: str, working_dir: Path,
                 env: os._Environ | dict[str, str] = os.environ) -> dict[str, Any]:
-    """`working_dir`, the output root and the MLflow tracking variables that are not secrets.
+    """`working_dir`, the output root and the MLflow tracking variables that are not credentials.
 
     Ray writes runtime envs, env_vars included, to its logs, so MLFLOW_TRACKING_PASSWORD/TOKEN, the user info of
     a tracking URI, the Ray token and cloud keys are never sent with a job: the cluster's nodes have them in their
-    own environment.
+    own environment. The username stays behind with its password: a job logs as the nodes' MLflow user (on the
+    local cluster a user of its own, not the submitter's admin account).
     """
     forwarded = {k: redact_url(v, mask="") for k, v in env.items()
-                 if k.startswith("MLFLOW_TRACKING_") and not is_secret_name(k)}
+                 if k.startswith("MLFLOW_TRACKING_") and not _is_credential(k)}
     forwarded |= {"ALBERT_DIST_HOME": output_root, "PYTHONUNBUFFERED": "1", **WORKER_ENV}
     return {"working_dir": str(working_dir), "env_vars": forwarded}
 
 
+def _is_credential(name: str) -> bool:
+    return is_secret_name(name) or name == "MLFLOW_TRACKING_USERNAME"
+
+
 def withheld_secrets(env: os._Environ | dict[str, str] = os.environ) -> list[str]:
     """What of the MLflow credentials set here the job will not receive (see `runtime_env`)."""
-    names = sorted(k for k in env if k.startswith("MLFLOW_TRACKING_") and is_secret_name(k))
+    names = sorted(k for k in env if k.startswith("MLFLOW_TRACKING_") and _is_credential(k))
     uri = env.get("MLFLOW_TRACKING_URI", "")
     return names + (["the user info of MLFLOW_TRACKING_URI"] if redact_url(uri) != uri else [])
 
@@ -152,8 +157,8 @@ def submit(kind: str, config: str | None, overrides: list[str], address: str | N
     print(f"submitted {submission_id}: {command}", flush=True)
     print(f"outputs under {root} on the cluster", flush=True)
     if withheld := withheld_secrets():
-        print(f"not sent with the job (Ray logs job environments): {', '.join(withheld)}; the cluster's nodes "
-              "must have them in their environment", flush=True)
+        print(f"not sent with the job (Ray logs job environments): {', '.join(withheld)}; the job uses the "
+              "MLflow credentials of the cluster's nodes", flush=True)
     if not follow:
         return 0
     return follow_logs(jobs, submission_id)

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from mlflow.exceptions import MlflowException
 from cluster_helpers import prepare_args, pretrain_args, sets
 from finetune_helpers import single_rows, write_csv
 
@@ -109,8 +110,8 @@ def test_without_credentials_nothing_is_served(cluster):
 
 
 def mlflow_client(env: dict[str, str]):
-    """A client of the cluster's MLflow server with the submitter's credentials (taken back by the caller's
-    `finally`: `forget_mlflow_credentials`)."""
+    """A client of the cluster's MLflow server with the credentials in `env` (the submitter's: admin), set in this
+    process's environment until the next call or the caller's `finally`: `forget_mlflow_credentials`."""
     from mlflow.tracking import MlflowClient
 
     os.environ.update({k: env[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")})
@@ -194,8 +195,19 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stopped_and_resubm
     assert "finetune-1 SUCCEEDED" in out
     expected["albert-finetune"] = "e2e-finetune"
 
-    secrets = {CANARY, env["MLFLOW_TRACKING_PASSWORD"], (state / "ray_auth_token").read_text().strip()}
+    jobs_user = {"MLFLOW_TRACKING_USERNAME": "albert-jobs",
+                 "MLFLOW_TRACKING_PASSWORD": (state / "mlflow_jobs_password").read_text().strip()}
+    secrets = {CANARY, env["MLFLOW_TRACKING_PASSWORD"], jobs_user["MLFLOW_TRACKING_PASSWORD"],
+               (state / "ray_auth_token").read_text().strip()}
     try:
+        client = mlflow_client(env)
+        admins_own = client.create_experiment("admins-own")
+        # The jobs logged as albert-jobs, which sees the experiments it created and nothing else
+        jobs_client = mlflow_client({**env, **jobs_user})
+        for experiment in expected:
+            assert jobs_client.get_experiment_by_name(experiment) is not None, experiment
+        with pytest.raises(MlflowException, match="PERMISSION_DENIED"):
+            jobs_client.get_experiment(admins_own)
         client = mlflow_client(env)
         for experiment, run_name in expected.items():
             runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],

@@ -130,9 +130,10 @@ def test_runtime_env_sends_the_checkout_and_no_secret():
     runtime = jobs_client.runtime_env("/mnt/shared/out", REPO, env)
     assert runtime["working_dir"] == str(REPO)
     assert runtime["env_vars"] == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
-                                   "MLFLOW_TRACKING_USERNAME": "admin", "ALBERT_DIST_HOME": "/mnt/shared/out",
-                                   "PYTHONUNBUFFERED": "1", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
-    assert jobs_client.withheld_secrets(env) == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"]
+                                   "ALBERT_DIST_HOME": "/mnt/shared/out", "PYTHONUNBUFFERED": "1",
+                                   "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    assert jobs_client.withheld_secrets(env) == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+                                                 "MLFLOW_TRACKING_USERNAME"]
 
 
 def test_auth_header_from_token_or_token_file(tmp_path):

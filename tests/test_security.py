@@ -250,7 +250,7 @@ def test_a_tracking_password_is_not_sent_with_a_job():
     runtime = jobs_client.runtime_env("/out", REPO, env)
     assert runtime["env_vars"]["MLFLOW_TRACKING_URI"] == "https://mlflow.example:5000"
     assert CANARY not in repr(runtime)
-    assert jobs_client.withheld_secrets(env) == ["the user info of MLFLOW_TRACKING_URI"]
+    assert jobs_client.withheld_secrets(env) == ["MLFLOW_TRACKING_USERNAME", "the user info of MLFLOW_TRACKING_URI"]
     with pytest.raises(AlbertDistError, match="command line") as err:  # Ray logs a job's entry point too
         jobs_client.entrypoint("pretrain", None, [f"tracking.tracking_uri=https://a:{CANARY}@h"])
     assert CANARY not in str(err.value)

@@ -77,6 +77,37 @@ fi
   exec setsid "$bin/mlflow" "${mlflow_args[@]}" > "$state/logs/mlflow.log" 2>&1 < /dev/null
 ) &
 echo $! > "$state/mlflow.pid"
+for _ in $(seq 1 120); do  # MLflow answers /health once its worker is up
+  if "$bin/python" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$mlflow_port/health', timeout=2)" \
+      2>/dev/null; then mlflow_up=1; break; fi
+  if ! kill -0 "$(cat "$state/mlflow.pid")" 2>/dev/null; then break; fi
+  sleep 1
+done
+if [[ -z "${mlflow_up:-}" ]]; then
+  echo "MLflow did not come up; its log:" >&2; tail -n 30 "$state/logs/mlflow.log" >&2; exit 1
+fi
+# Jobs log as a user of their own, `albert-jobs`, not as admin: with default_permission NO_PERMISSIONS it may
+# create experiments and gets MANAGE on those it creates, and nothing on the others (the admin's, anyone else's).
+if [[ $mlflow_auth == 1 ]]; then
+  [[ -s "$state/mlflow_jobs_password" ]] || secret > "$state/mlflow_jobs_password"
+  MLFLOW_TRACKING_USERNAME=admin MLFLOW_TRACKING_PASSWORD="$(cat "$state/mlflow_admin_password")" \
+    "$bin/python" - "http://127.0.0.1:$mlflow_port" "$state/mlflow_jobs_password" <<'PY'
+import sys
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.server import get_app_client
+
+users = get_app_client("basic-auth", tracking_uri=sys.argv[1])
+password = Path(sys.argv[2]).read_text().strip()
+try:
+    users.create_user("albert-jobs", password)
+except MlflowException as err:  # a restart on the same state: the user is there already
+    if err.error_code != "RESOURCE_ALREADY_EXISTS":
+        raise
+    users.update_user_password("albert-jobs", password)
+PY
+fi
 
 # --- Ray: a head node, then the worker nodes, each its own `ray start` ---
 # Ray binds its own servers (GCS, raylets, object managers, agents, metrics) to loopback only when the node IP is
@@ -88,7 +119,7 @@ echo $! > "$state/mlflow.pid"
 # a job's runtime env, so `albert-dist submit` never sends passwords with it.
 export MLFLOW_TRACKING_URI="http://127.0.0.1:$mlflow_port"
 if [[ $mlflow_auth == 1 ]]; then
-  export MLFLOW_TRACKING_USERNAME=admin MLFLOW_TRACKING_PASSWORD="$(cat "$state/mlflow_admin_password")"
+  export MLFLOW_TRACKING_USERNAME=albert-jobs MLFLOW_TRACKING_PASSWORD="$(cat "$state/mlflow_jobs_password")"
 fi
 node_args=(--num-cpus "$cpus" --object-store-memory "$store_bytes" --temp-dir "$ray_tmp" --disable-usage-stats)
 head_ip=127.0.0.1
@@ -115,19 +146,10 @@ done
   fi
   echo "export ALBERT_DIST_HOME=$outputs"
 } > "$state/env.sh.tmp"
+mv "$state/env.sh.tmp" "$state/env.sh"
+echo "Ray: head + $workers worker node(s), dashboard http://127.0.0.1:$dashboard_port (token auth)"
+echo "MLflow: http://127.0.0.1:$mlflow_port$([[ $mlflow_auth == 1 ]] && echo ' (basic auth: you as admin, jobs as' \
+  'albert-jobs)')"
+echo "outputs: $outputs"
+echo "next: source $state/env.sh"
 
-for _ in $(seq 1 120); do  # MLflow answers /health once its worker is up
-  if "$bin/python" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$mlflow_port/health', timeout=2)" \
-      2>/dev/null; then
-    mv "$state/env.sh.tmp" "$state/env.sh"
-    echo "Ray: head + $workers worker node(s), dashboard http://127.0.0.1:$dashboard_port (token auth)"
-    echo "MLflow: http://127.0.0.1:$mlflow_port$([[ $mlflow_auth == 1 ]] && echo ' (basic auth, user admin)')"
-    echo "outputs: $outputs"
-    echo "next: source $state/env.sh"
-    exit 0
-  fi
-  if ! kill -0 "$(cat "$state/mlflow.pid")" 2>/dev/null; then break; fi
-  sleep 1
-done
-echo "MLflow did not come up; its log:" >&2; tail -n 30 "$state/logs/mlflow.log" >&2
-exit 1
