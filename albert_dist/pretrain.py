@@ -16,44 +16,66 @@ import numpy as np
 import torch
 
 from albert_dist import mlflow_models, run_lock, tracking
-from albert_dist.config import PretrainJobConfig, flatten
+from albert_dist.config import MaskingSection, PretrainJobConfig, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.files import publish_dir
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 from albert_dist.train import checkpointing
 from albert_dist.train.feed import rank_batches
-from albert_dist.train.loop import TrainingTask
+from albert_dist.train.loop import TaskSpec, TrainingTask
 
 SHUFFLE_BUFFER = 2048
 EVAL_MASK_STREAM = 7919  # seeds the held-out masks apart from any training batch's
 
 
+@dataclass(frozen=True)
+class PhaseSpec:
+    """What a worker reads in one training phase: its dataset's name, batch size and sequence length."""
+
+    split: str
+    steps: int
+    batch_size: int
+    max_seq_length: int
+
+
+@dataclass(frozen=True)
+class PretrainingSpec(TaskSpec):
+    """A pretraining job's task, as `pretraining_spec` builds it from the job config and the prepared data."""
+
+    prepared_dir: str  # the prepared data's location (its tokenizer is saved with every model)
+    manifest: dict[str, Any]
+    model_config: dict[str, Any]
+    masking: MaskingSection
+    batch_size: int
+    max_seq_length: int
+    seed: int
+    eval_batches: int
+    has_eval: bool
+    init_from: str | None = None
+    allow_pickle: bool = False
+    plateau_warning_after: float | None = None
+    packing: bool = False
+    phases: tuple[PhaseSpec, ...] = ()
+
+    def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> PretrainingTask:
+        return PretrainingTask(self, rank, world_size, dataset)
+
+
 class PretrainingTask(TrainingTask):
     best_metric, best_mode = "eval_mlm_accuracy", "max"
 
-    def __init__(self, config: dict[str, Any], dataset: Callable[[str], Any] | None = None):
-        import ray.train
-
-        from albert_dist.config import MaskingSection
+    def __init__(self, spec: PretrainingSpec, rank: int, world_size: int, dataset: Callable[[str], Any]):
         from albert_dist.data.masking import MaskingCollator
 
-        self.config = config
-        self.plateau_warning_after = config.get("plateau_warning_after")
-        self.dataset = dataset or ray.train.get_dataset_shard
-        self.collator = MaskingCollator.from_manifest(config["manifest"],
-                                                      MaskingSection.model_validate(config["masking"]))
-        self.rank, self.world_size = config.get("rank", 0), config.get("world_size", 1)
-        if dataset is None:
-            context = ray.train.get_context()
-            self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self.spec, self.rank, self.world_size, self.dataset = spec, rank, world_size, dataset
+        self.plateau_warning_after = spec.plateau_warning_after
+        self.collator = MaskingCollator.from_manifest(spec.manifest, spec.masking)
         self._tokenizer = None
-        self.train_length = config.get("max_seq_length")  # the sequence length of the phase being trained
 
     def build_model(self) -> torch.nn.Module:
-        if self.config.get("init_from"):
-            return AlbertForPreTraining.from_pretrained(self.config["init_from"],
-                                                        allow_pickle=self.config.get("allow_pickle", False))
-        return AlbertForPreTraining(AlbertConfig.from_dict(self.config["model_config"]))
+        if self.spec.init_from:
+            return AlbertForPreTraining.from_pretrained(self.spec.init_from, allow_pickle=self.spec.allow_pickle)
+        return AlbertForPreTraining(AlbertConfig.from_dict(self.spec.model_config))
 
     def loss(self, model, batch):
         from albert_dist.data.packing import PACKED_INPUTS
@@ -97,39 +119,37 @@ class PretrainingTask(TrainingTask):
         return "held-out MLM accuracy", metrics["eval_mlm_accuracy"], metrics["eval_mlm_unigram_baseline"]
 
     def phases(self) -> list[int]:
-        return [phase["steps"] for phase in self.config.get("phases", [])]
+        return [phase.steps for phase in self.spec.phases]
 
-    def phase(self, index: int) -> dict[str, Any]:
-        """Phase `index`'s dataset name, batch size and sequence length (without phases: data.output's)."""
-        if self.config.get("phases"):
-            return self.config["phases"][index]
-        return {"split": "train", "batch_size": self.config["batch_size"],
-                "max_seq_length": self.config["max_seq_length"]}
+    def phase(self, index: int) -> PhaseSpec:
+        """Phase `index` (without phases: data.output's, for all the steps)."""
+        if self.spec.phases:
+            return self.spec.phases[index]
+        return PhaseSpec("train", 0, self.spec.batch_size, self.spec.max_seq_length)
 
     def train_batches(self, epoch, phase=0):
         from albert_dist.data.masking import batch_rng
 
-        seed, spec = self.config["seed"], self.phase(phase)
-        self.train_length = spec["max_seq_length"]
-        for index, rows in enumerate(rank_batches(self.dataset(spec["split"]), batch_size=spec["batch_size"],
+        seed, spec = self.spec.seed, self.phase(phase)
+        for index, rows in enumerate(rank_batches(self.dataset(spec.split), batch_size=spec.batch_size,
                                                   rank=self.rank, world_size=self.world_size, seed=seed + epoch,
                                                   shuffle_buffer=SHUFFLE_BUFFER)):
-            yield self.collate(rows, batch_rng(seed, epoch, self.rank, index), spec["max_seq_length"])
+            yield self.collate(rows, batch_rng(seed, epoch, self.rank, index), spec.max_seq_length)
 
     def eval_batches(self):
         """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it
         divides the batch size), each masked by a generator seeded with its row number: the same positions at
         every evaluation, after a resume and with any number of workers, so the metrics compare over time."""
-        if not self.config["has_eval"]:
+        if not self.spec.has_eval:
             return
-        size = -(-self.config["batch_size"] // self.world_size)
+        size = -(-self.spec.batch_size // self.world_size)
         for index, rows in enumerate(rank_batches(self.dataset("eval"), batch_size=size, rank=self.rank,
                                                   world_size=self.world_size, drop_last=False,
-                                                  limit=self.config["eval_batches"])):
+                                                  limit=self.spec.eval_batches)):
             first = (index * self.world_size + self.rank) * size
             count = len(rows["sop_label"])
-            yield self.collate(rows, [np.random.default_rng([self.config["seed"], EVAL_MASK_STREAM, first + i])
-                                      for i in range(count)], self.config["max_seq_length"])
+            yield self.collate(rows, [np.random.default_rng([self.spec.seed, EVAL_MASK_STREAM, first + i])
+                                      for i in range(count)], self.spec.max_seq_length)
 
     def collate(self, rows, rng, max_seq_length: int) -> dict[str, torch.Tensor]:
         """The masked batch, packed into rows of `max_seq_length` when `data.packing` is on (masked first: the
@@ -137,7 +157,7 @@ class PretrainingTask(TrainingTask):
         from albert_dist.data.packing import pack_batch
 
         batch = self.collator(rows, rng)
-        if not self.config.get("packing"):
+        if not self.spec.packing:
             return batch
         return pack_batch(batch, max_seq_length, self.collator.pad_id, self.collator.pad_to_multiple_of)
 
@@ -146,16 +166,11 @@ class PretrainingTask(TrainingTask):
 
         model.save_pretrained(directory)
         if self._tokenizer is None:  # through the data's filesystem: the prepared data may be a URI
-            self._tokenizer = load_prepared(self.config["prepared_dir"]).tokenizer
+            self._tokenizer = load_prepared(self.spec.prepared_dir).tokenizer
         self._tokenizer.save(directory)
 
-    def flops_per_token(self, model) -> float:
-        """At the sequence length of the phase training reads now."""
-        return model.flops_per_token(self.train_length)
-
-
-def build_pretraining_task(config: dict[str, Any]) -> PretrainingTask:
-    return PretrainingTask(config)
+    def flops_per_token(self, model, phase=0) -> float:
+        return model.flops_per_token(self.phase(phase).max_seq_length)
 
 
 @dataclass
@@ -257,9 +272,8 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
         for number, phase in enumerate(phases, 1):
             print(f"phase {number}/{len(phases)}: {phase.describe()}")
         best_dir = run_dir / "best_model"
-        result = run_training(name=cfg.run.name, storage_path=run_dir / "ray", task_factory=
-                              "albert_dist.pretrain:build_pretraining_task",
-                              task_config=task_settings(cfg, prepared, data_dir, model_config, phases),
+        result = run_training(name=cfg.run.name, storage_path=run_dir / "ray",
+                              task=pretraining_spec(cfg, prepared, data_dir, model_config, phases),
                               train=cfg.train.loop_settings(), scaling=cfg.scaling, seed=cfg.run.seed,
                               datasets=prepared.for_training(in_memory, [phase.prepared for phase in phases]),
                               tracking=(run.uri, run.run_id), best_model_dir=best_dir,
@@ -272,22 +286,19 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     return PretrainOutcome(model_dir, best_dir, run.uri, run.run_id, result.metrics)
 
 
-def task_settings(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_config: AlbertConfig | None = None,
-                  phases: list[Phase] = ()) -> dict[str, Any]:
-    """The `PretrainingTask` config of a job on the prepared data `prepared` (read from `data_dir`), training in
-    `phases` (`open_phases`) when there are any."""
+def pretraining_spec(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_config: AlbertConfig | None = None,
+                     phases: list[Phase] = ()) -> PretrainingSpec:
+    """The task of a job on the prepared data `prepared` (read from `data_dir`), training in `phases`
+    (`open_phases`) when there are any."""
     manifest = prepared.manifest
     model_config = model_config or pretraining_model_config(cfg, manifest)
-    return {
-        "prepared_dir": str(data_dir), "model_config": model_config.to_dict(), "init_from": cfg.model.init_from,
-        "allow_pickle": cfg.model.allow_pickle,
-        "masking": cfg.masking.model_dump(), "batch_size": cfg.train.batch_size, "seed": cfg.run.seed,
-        "eval_batches": cfg.train.eval_batches, "max_seq_length": manifest["max_seq_length"],
-        "manifest": manifest, "has_eval": prepared.rows("eval") > 0,
-        "plateau_warning_after": cfg.train.plateau_warning_after, "packing": cfg.data.packing,
-        "phases": [{"split": f"train_{i}", "steps": p.steps, "batch_size": p.batch_size,
-                    "max_seq_length": p.max_seq_length} for i, p in enumerate(phases)],
-    }
+    return PretrainingSpec(
+        prepared_dir=str(data_dir), manifest=manifest, model_config=model_config.to_dict(), masking=cfg.masking,
+        batch_size=cfg.train.batch_size, max_seq_length=manifest["max_seq_length"], seed=cfg.run.seed,
+        eval_batches=cfg.train.eval_batches, has_eval=prepared.rows("eval") > 0, init_from=cfg.model.init_from,
+        allow_pickle=cfg.model.allow_pickle, plateau_warning_after=cfg.train.plateau_warning_after,
+        packing=cfg.data.packing,
+        phases=tuple(PhaseSpec(f"train_{i}", p.steps, p.batch_size, p.max_seq_length) for i, p in enumerate(phases)))
 
 
 def pretraining_model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -> AlbertConfig:
@@ -319,8 +330,8 @@ def lr_range_test(cfg: PretrainJobConfig):
                           extra_params={"data.prepared_dir": str(data_dir)}) as run:
         print(f"learning-rate range test: {s.optimizer}, {s.lr_range_steps} steps from {s.lr_range_min:g} to "
               f"{s.lr_range_max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run.run_id}")
-        result = run_range_test(PretrainingTask(task_settings(cfg, prepared, data_dir), dataset=prepared.dataset),
-                                s, cfg.run.seed)
+        task = pretraining_spec(cfg, prepared, data_dir).build(rank=0, world_size=1, dataset=prepared.dataset)
+        result = run_range_test(task, s, cfg.run.seed)
         with tempfile.TemporaryDirectory() as tmp:
             result.plot(Path(tmp) / "lr_range_test.png")
             (Path(tmp) / "lr_range_test.json").write_text(json.dumps(

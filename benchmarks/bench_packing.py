@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from bench_pretrain import prepare, task_config
+from bench_pretrain import prepare, pretraining_task
 
 
 def timed_steps(task, model, optimizer, batches: list[tuple[int, dict]]) -> tuple[int, int, float]:
@@ -44,16 +45,16 @@ def timed_steps(task, model, optimizer, batches: list[tuple[int, dict]]) -> tupl
 
 def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import SHUFFLE_BUFFER, PretrainingTask
+    from albert_dist.pretrain import SHUFFLE_BUFFER
     from albert_dist.train.feed import rank_batches
 
     data_dir = prepare(root, seq)
-    config, _ = task_config(data_dir, SimpleNamespace(preset=args.preset, batch_size=batch_size, seq=seq))
+    spec, _ = pretraining_task(data_dir, SimpleNamespace(preset=args.preset, batch_size=batch_size))
     rows = rank_batches(load_prepared(data_dir).train, batch_size=batch_size, rank=0, world_size=1, seed=0,
                         shuffle_buffer=SHUFFLE_BUFFER)
     batches = list(enumerate(islice(rows, 1 + args.rounds * args.steps)))
     torch.manual_seed(0)
-    tasks = {packing: PretrainingTask({**config, "packing": packing}, dataset=lambda split: None)
+    tasks = {packing: dataclasses.replace(spec, packing=packing).build(0, 1, dataset=lambda split: None)
              for packing in (False, True)}
     initial = tasks[False].build_model().train()
     sides = {}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from albert_dist.config import (DataJobConfig, MaskingSection, PretrainJobConfig, ScalingSection, TrainSection,
+from albert_dist.config import (DataJobConfig, PretrainJobConfig, ScalingSection, TrainSection,
                                 load_config)
 
 
@@ -46,15 +46,14 @@ def prepare(root: Path, max_seq_length: int) -> Path:
     return root / "prepared"
 
 
-def task_config(data_dir: Path, args) -> dict:
+def pretraining_task(data_dir: Path, args):
+    """The pretraining job's task on `data_dir` with the `args` preset and batch size, and the prepared data."""
     from albert_dist.data.loading import load_prepared
+    from albert_dist.pretrain import pretraining_spec
 
     prepared = load_prepared(data_dir)
-    cfg = load_config(PretrainJobConfig, None, [f"model.preset={args.preset}"])
-    return {"prepared_dir": str(data_dir), "init_from": None, "masking": MaskingSection().model_dump(),
-            "model_config": cfg.model.build(vocab_size=prepared.manifest["tokenizer"]["vocab_size"]).to_dict(),
-            "batch_size": args.batch_size, "seed": 0, "eval_batches": 1, "max_seq_length": args.seq,
-            "manifest": prepared.manifest, "has_eval": False}, prepared
+    cfg = load_config(PretrainJobConfig, None, [f"model.preset={args.preset}", f"train.batch_size={args.batch_size}"])
+    return pretraining_spec(cfg, prepared, data_dir), prepared
 
 
 def settings(args) -> TrainSection:
@@ -62,25 +61,22 @@ def settings(args) -> TrainSection:
                         eval_every=10**6, checkpoint_every=10**6, batch_size=args.batch_size, max_failures=0)
 
 
-def plain_loop(config: dict, train, args) -> float:
+def plain_loop(spec, train, args) -> float:
     """The Trainer in this process, no Ray Train: the reference, with as many threads as the Ray worker gets
     (Ray sets OMP_NUM_THREADS to the worker's CPUs)."""
-    from albert_dist.pretrain import PretrainingTask
-
-    torch.set_num_threads(max(1, int(args.cpus)))
     from albert_dist.train.loop import Trainer, WorkerEnv
 
-    task = PretrainingTask(config, dataset=lambda split: train)
+    torch.set_num_threads(max(1, int(args.cpus)))
+    task = spec.build(rank=0, world_size=1, dataset=lambda split: train)
     seen: dict = {}
     trainer = Trainer(task, settings(args), WorkerEnv(report=lambda m, c: seen.update(m), print_fn=lambda s: None))
     return trainer.fit()["tokens_per_s"]
 
 
-def ray_train(config: dict, train, args, storage: Path, round_index: int) -> float:
+def ray_train(spec, train, args, storage: Path, round_index: int) -> float:
     from albert_dist.train.ray_runner import run_training
 
-    result = run_training(name=f"bench-{round_index}", storage_path=storage, task_factory=
-                          "albert_dist.pretrain:build_pretraining_task", task_config=config, train=settings(args),
+    result = run_training(name=f"bench-{round_index}", storage_path=storage, task=spec, train=settings(args),
                           scaling=ScalingSection(num_workers=1, cpus_per_worker=args.cpus), seed=0,
                           datasets={"train": train})
     return result.metrics["tokens_per_s"]
@@ -108,14 +104,14 @@ def main() -> None:
     DataContext.get_current().enable_progress_bars = False
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = prepare(Path(tmp), args.seq)
-        config, prepared = task_config(data_dir, args)
+        spec, prepared = pretraining_task(data_dir, args)
         train = prepared.for_training(in_memory=True)["train"]  # as pretraining reads data this small
         plain, distributed = [], []
         for r in range(args.rounds):
-            plain.append(plain_loop(config, train, args))
-            distributed.append(ray_train(config, train, args, Path(tmp) / "ray", r))
+            plain.append(plain_loop(spec, train, args))
+            distributed.append(ray_train(spec, train, args, Path(tmp) / "ray", r))
             print(f"round {r}: plain {plain[-1]:.0f} tok/s, Ray Train {distributed[-1]:.0f} tok/s", flush=True)
-    model = AlbertForPreTraining(AlbertConfig.from_dict(config["model_config"]))
+    model = AlbertForPreTraining(AlbertConfig.from_dict(spec.model_config))
     flops = model.flops_per_token(args.seq)
     peak = matmul_peak_tflops(args.precision)
     p, d = statistics.median(plain), statistics.median(distributed)

@@ -85,7 +85,7 @@ def prepare(root: Path, corpus: str, zh_path: str, seq: int, vocab: int, eval_fr
 
 def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import PretrainingTask, open_phases, pretraining_model_config, task_settings
+    from albert_dist.pretrain import open_phases, pretraining_model_config, pretraining_spec
     from albert_dist.train.loop import Trainer, WorkerEnv
 
     prepared = load_prepared(data_dir)
@@ -99,7 +99,7 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     trained = {f"train_{i}": phase.prepared for i, phase in enumerate(phases)} or {"train": prepared}
     splits = {split: MemorySplit(data.shard_paths("train")) for split, data in trained.items()}
     splits["eval"] = MemorySplit(prepared.shard_paths("eval"))
-    task = PretrainingTask(task_settings(cfg, prepared, data_dir, phases=phases), dataset=lambda split: splits[split])
+    task = pretraining_spec(cfg, prepared, data_dir, phases=phases).build(0, 1, dataset=lambda split: splits[split])
     curve: list[dict] = []
     started = time.perf_counter()
 
@@ -130,13 +130,13 @@ def first_step_sizes(data_dir: Path, args) -> None:
     import statistics
 
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import PretrainingTask, task_settings
+    from albert_dist.pretrain import pretraining_spec
     from albert_dist.train import optim
 
     prepared = load_prepared(data_dir)
     cfg = load_config(PretrainJobConfig, None, [f"model.preset={args.preset}", f"train.batch_size={args.batch_size}"])
     splits = {split: MemorySplit(prepared.shard_paths(split)) for split in ("train", "eval")}
-    task = PretrainingTask(task_settings(cfg, prepared, data_dir), dataset=lambda split: splits[split])
+    task = pretraining_spec(cfg, prepared, data_dir).build(0, 1, dataset=lambda split: splits[split])
     torch.manual_seed(0)
     model = task.build_model()
     task.loss(model, next(iter(task.train_batches(0))))[0].backward()

@@ -16,9 +16,12 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from albert_dist.train.loop import TaskSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
@@ -27,22 +30,27 @@ MAX_STEPS = 30
 REMOVED = "node-removed"  # written once the node is gone
 
 
-def held_keyword_task(config: dict):
+@dataclass(frozen=True)
+class HeldKeywordTask(TaskSpec):
     """test_loop's KeywordTask, held after its first checkpoint until the node is gone (which kills it), so the
     fault always lands mid-run however slow the machine; after the restart it runs freely."""
-    from test_loop import KeywordTask
 
-    root = Path(config["root"])
+    root: str
 
-    class Held(KeywordTask):
-        def loss(self, model, batch):
-            deadline = time.time() + 120
-            while (any(root.glob("ray/*/checkpoint_*/manifest.json")) and not (root / REMOVED).exists()
-                   and time.time() < deadline):
-                time.sleep(0.2)
-            return super().loss(model, batch)
+    def build(self, rank, world_size, dataset):
+        from test_loop import KeywordTask
 
-    return Held()
+        root = Path(self.root)
+
+        class Held(KeywordTask):
+            def loss(self, model, batch):
+                deadline = time.time() + 120
+                while (any(root.glob("ray/*/checkpoint_*/manifest.json")) and not (root / REMOVED).exists()
+                       and time.time() < deadline):
+                    time.sleep(0.2)
+                return super().loss(model, batch)
+
+        return Held()
 
 
 def replace_node_after_first_checkpoint(cluster, node, root: Path, comes_back: bool, timeout: float = 300) -> None:
@@ -79,8 +87,7 @@ def main(root: Path, comes_back: bool) -> None:
 
     def fit() -> None:
         try:
-            result = run_training(name="node", storage_path=storage, task_config={"root": str(root)}, train=train,
-                                  task_factory="test_faults_node:held_keyword_task",
+            result = run_training(name="node", storage_path=storage, task=HeldKeywordTask(str(root)), train=train,
                                   scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
         except AlbertDistError as err:
             print(f"ERROR {err}", flush=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from albert_dist.config import MaskingSection, PretrainJobConfig, load_config
+from albert_dist.config import PretrainJobConfig, load_config
 from albert_dist.errors import CheckpointError
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
-from albert_dist.pretrain import PretrainingTask
+from albert_dist.pretrain import PretrainingSpec, PretrainingTask
 
 
 def pretraining_task(init_from, allow_pickle: bool) -> PretrainingTask:
@@ -17,8 +17,10 @@ def pretraining_task(init_from, allow_pickle: bool) -> PretrainingTask:
     cfg = load_config(PretrainJobConfig, None, [f"model.init_from={init_from}", f"model.allow_pickle={allow_pickle}"])
     assert "allow_pickle" not in cfg.model.overrides()  # not an AlbertConfig field
     manifest = {"tokenizer": {"vocab_size": 60, "pad_id": 0, "mask_id": 4, "special_ids": [0, 1, 2, 3, 4]}}
-    return PretrainingTask({"init_from": cfg.model.init_from, "allow_pickle": cfg.model.allow_pickle,
-                            "manifest": manifest, "masking": MaskingSection().model_dump()}, dataset=lambda _: None)
+    spec = PretrainingSpec(prepared_dir="unused", manifest=manifest, model_config={}, masking=cfg.masking,
+                           batch_size=8, max_seq_length=16, seed=0, eval_batches=1, has_eval=False,
+                           init_from=cfg.model.init_from, allow_pickle=cfg.model.allow_pickle)
+    return spec.build(rank=0, world_size=1, dataset=lambda _: None)
 
 
 def test_init_from_a_pickle_needs_the_opt_in(tmp_path):

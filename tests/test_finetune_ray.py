@@ -17,7 +17,6 @@ from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
 from albert_dist.finetune.distill import PROJECTION_FILE, distill
 from albert_dist.finetune.job import finetune, prepare_task_data
 from albert_dist.finetune.predict import run_predict
-from albert_dist.finetune.task import SequenceClassificationTask
 from albert_dist.config import TrainSection
 from albert_dist.tokenizer import train_sentencepiece
 from albert_dist.train.loop import Trainer, WorkerEnv
@@ -227,7 +226,7 @@ def in_process_task(workspace, rows, task, tmp_path, **data_section):
 
 def in_process_trainer(workspace, rows, task, tmp_path, **data_section) -> Trainer:
     from albert_dist.finetune.config import FinetuneSection, TaskDataSection
-    from albert_dist.finetune.job import label_overrides, schedule, task_config
+    from albert_dist.finetune.job import classification_spec, label_overrides, schedule
 
     write_csv(tmp_path / "all.csv", rows)
     section = TaskDataSection(train=str(tmp_path / "all.csv"), max_seq_length=48, dev_fraction=0.2, **data_section)
@@ -236,11 +235,11 @@ def in_process_trainer(workspace, rows, task, tmp_path, **data_section) -> Train
     ft = FinetuneSection(task=task, epochs=5)
     train, per_epoch = schedule(TrainSection(optimizer="adamw", **FAST_TRAIN, warmup_steps=0), ft,
                                 len(task_data.splits["train"]), 1)
-    config = task_config(init_from=str(model_dir), task_data=task_data, task=task, finetune=ft, train=train,
-                         data_section=section, per_epoch=per_epoch, seed=0,
-                         model_overrides=label_overrides(task, task_data.label_names))
+    spec = classification_spec(init_from=str(model_dir), task_data=task_data, task=task, finetune=ft, train=train,
+                               data_section=section, per_epoch=per_epoch, seed=0,
+                               model_overrides=label_overrides(task, task_data.label_names))
     datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
-    task = SequenceClassificationTask(config, dataset=datasets.__getitem__)
+    task = spec.build(rank=0, world_size=1, dataset=datasets.__getitem__)
     return Trainer(task, train, WorkerEnv(print_fn=lambda _: None))
 
 

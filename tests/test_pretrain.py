@@ -113,12 +113,11 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
 def in_process_task(root: Path, world_size: int = 1, rank: int = 0, *extra: str):
     """A `PretrainingTask` on the prepared data read through Ray Data in this process, as rank `rank`."""
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import PretrainingTask, task_settings
+    from albert_dist.pretrain import pretraining_spec
 
     prepared = load_prepared(root / "prepared")
     cfg = load_config(PretrainJobConfig, None, pretrain_overrides(root, "in-process") + list(extra))
-    settings = {**task_settings(cfg, prepared, root / "prepared"), "rank": rank, "world_size": world_size}
-    return PretrainingTask(settings, dataset=prepared.dataset), cfg
+    return pretraining_spec(cfg, prepared, root / "prepared").build(rank, world_size, prepared.dataset), cfg
 
 
 def eval_rows(tasks) -> list[tuple]:
@@ -235,18 +234,20 @@ PHASES = "train.phases=[{data: prepared_16, steps: 6, batch_size: 16, max_seq_le
 def test_phases_read_each_phase_data_at_its_length_and_batch_size(prepared, short_data, ray_session):
     from albert_dist.data.loading import load_prepared
     from albert_dist.errors import ConfigError
-    from albert_dist.pretrain import PretrainingTask, open_phases, pretraining_model_config, task_settings
+    from albert_dist.pretrain import open_phases, pretraining_model_config, pretraining_spec
 
     cfg = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "phases") + [PHASES, "train.max_steps=12"])
     main = load_prepared(prepared / "prepared")
     phases = open_phases(cfg, main, pretraining_model_config(cfg, main.manifest))
     assert [(p.steps, p.batch_size, p.max_seq_length) for p in phases] == [(6, 16, 16), (6, 8, 64)]
     splits = {"train_0": phases[0].prepared.train, "train_1": phases[1].prepared.train, "eval": main.eval}
-    task = PretrainingTask(task_settings(cfg, main, prepared / "prepared", phases=phases), dataset=splits.__getitem__)
+    task = pretraining_spec(cfg, main, prepared / "prepared", phases=phases).build(0, 1, splits.__getitem__)
     assert task.phases() == [6, 6]
     short, full = next(iter(task.train_batches(0, 0))), next(iter(task.train_batches(0, 1)))
     assert short["input_ids"].shape == (16, 16) and full["input_ids"].shape[0] == 8 and full["input_ids"].shape[1] > 16
-    assert task.train_length == 64 and next(iter(task.eval_batches()))["input_ids"].shape[1] > 16
+    assert next(iter(task.eval_batches()))["input_ids"].shape[1] > 16
+    model = task.build_model()  # MFU counts each phase at its own length
+    assert task.flops_per_token(model, 0) == model.flops_per_token(16) < task.flops_per_token(model, 1)
 
     wrong = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "phases") + [
         "train.phases=[{data: prepared_16, steps: 6, max_seq_length: 128}]", "train.max_steps=6"])

@@ -3,28 +3,34 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from albert_dist.config import ScalingSection, TrainSection
+from albert_dist.train.loop import TaskSpec
 from albert_dist.train.ray_runner import run_training, torch_threads
 
 
-def threads_recording_task(config: dict):
+@dataclass(frozen=True)
+class ThreadsRecordingTask(TaskSpec):
     """test_loop's KeywordTask, after writing this worker's torch thread count to a file named by its pid."""
-    from test_loop import KeywordTask
 
-    (Path(config["out"]) / str(os.getpid())).write_text(str(torch.get_num_threads()))
-    return KeywordTask()
+    out: str
+
+    def build(self, rank, world_size, dataset):
+        from test_loop import KeywordTask
+
+        (Path(self.out) / str(os.getpid())).write_text(str(torch.get_num_threads()))
+        return KeywordTask()
 
 
 def test_workers_use_the_cpus_ray_reserved_as_torch_threads(tmp_path, ray_session):
     """Two workers of half a CPU each train with one torch thread each, not with every core of the machine."""
     out = tmp_path / "threads"
     out.mkdir()
-    result = run_training(name="threads", storage_path=tmp_path / "ray", task_factory=
-                          "test_ray_training:threads_recording_task", task_config={"out": str(out)},
+    result = run_training(name="threads", storage_path=tmp_path / "ray", task=ThreadsRecordingTask(str(out)),
                           train=TrainSection(max_steps=4, warmup_steps=0, log_every=2, eval_every=4,
                                              checkpoint_every=4, precision="fp32"),
                           scaling=ScalingSection(num_workers=2, cpus_per_worker=0.5), seed=0)

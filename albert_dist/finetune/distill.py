@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,11 +30,12 @@ from albert_dist.errors import ConfigError
 from albert_dist.files import publish_dir
 from albert_dist.finetune import data, inference, job
 from albert_dist.finetune.config import DistillJobConfig
-from albert_dist.finetune.task import SequenceClassificationTask
+from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.model.checkpoint import load_config
 from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
+from albert_dist.train.loop import TaskSpec
 
 PROJECTION_FILE = "distill_projection.safetensors"
 
@@ -99,24 +100,41 @@ def distillation_loss(student_logits, teacher_logits, labels, temperature: float
     return alpha * kd + (1 - alpha) * ce, kd, ce
 
 
+@dataclass(frozen=True)
+class DistillationSpec(TaskSpec):
+    """A distillation job's task: the student's fine-tuning (`classification`, from the student's initial
+    weights) with the frozen teacher in `teacher_dir` and the loss's settings."""
+
+    classification: ClassificationSpec
+    teacher_dir: str
+    temperature: float
+    alpha: float
+    hidden_weight: float
+
+    def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> DistillationTask:
+        return DistillationTask(self, rank, world_size, dataset)
+
+
 class DistillationTask(SequenceClassificationTask):
+    def __init__(self, spec: DistillationSpec, rank: int, world_size: int, dataset: Callable[[str], Any]):
+        super().__init__(spec.classification, rank, world_size, dataset)
+        self.distill = spec
+
     def build_model(self) -> torch.nn.Module:
-        c = self.config
-        student = AlbertForSequenceClassification.from_pretrained(c["init_from"])
-        teacher = AlbertForSequenceClassification.from_pretrained(c["teacher_dir"])
-        return DistillationModel(student, teacher, c["hidden_weight"] > 0)
+        student = AlbertForSequenceClassification.from_pretrained(self.spec.init_from)
+        teacher = AlbertForSequenceClassification.from_pretrained(self.distill.teacher_dir)
+        return DistillationModel(student, teacher, self.distill.hidden_weight > 0)
 
     def num_hidden_groups(self, model) -> int:
         return model.student.config.num_hidden_groups
 
     def loss(self, model, batch):
-        c = self.config
+        d = self.distill
         student_logits, teacher_logits, hidden = model(batch["input_ids"], batch["attention_mask"],
                                                        batch["token_type_ids"])
-        loss, kd, ce = distillation_loss(student_logits, teacher_logits, batch["label"], c["temperature"],
-                                         c["alpha"])
+        loss, kd, ce = distillation_loss(student_logits, teacher_logits, batch["label"], d.temperature, d.alpha)
         if hidden is not None:
-            loss = loss + c["hidden_weight"] * hidden
+            loss = loss + d.hidden_weight * hidden
         stats = self.statistics(student_logits, loss, batch)
         n = batch["label"].shape[0]
         stats.update(kd_loss_sum=kd.detach() * n, ce_loss_sum=ce.detach() * n)
@@ -142,9 +160,6 @@ class DistillationTask(SequenceClassificationTask):
         if model.projection is not None:
             model.projection.load_state_dict(load_file(str(directory / PROJECTION_FILE)))
 
-
-def build_distill_task(config: dict[str, Any]) -> DistillationTask:
-    return DistillationTask(config)
 
 
 DEFAULT_STUDENT_LAYERS = 4
@@ -254,14 +269,14 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
               f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
               f"H={student.config.hidden_size}); {train.max_steps} steps; MLflow run {run.run_id}")
         d = cfg.distill
-        config = job.task_config(init_from=str(student_init), task_data=task_data, task="classification",
-                                 finetune=cfg.finetune, train=train, data_section=cfg.data, per_epoch=per_epoch,
-                                 seed=cfg.run.seed, model_overrides={}, tokenizer_dir=str(teacher_dir),
-                                 teacher_dir=str(teacher_dir), temperature=d.temperature, alpha=d.alpha,
-                                 hidden_weight=d.hidden_weight)
+        student_task = job.classification_spec(
+            init_from=str(student_init), task_data=task_data, task="classification", finetune=cfg.finetune,
+            train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed, model_overrides={},
+            tokenizer_dir=str(teacher_dir))
+        spec = DistillationSpec(student_task, teacher_dir=str(teacher_dir), temperature=d.temperature, alpha=d.alpha,
+                                hidden_weight=d.hidden_weight)
         best_dir = run_dir / "best_checkpoint"
-        result = job.train_on_ray(cfg, task_factory="albert_dist.finetune.distill:build_distill_task",
-                                  config=config, task_data=task_data, train=train, run=run, best_model_dir=best_dir,
+        result = job.train_on_ray(cfg, task=spec, task_data=task_data, train=train, run=run, best_model_dir=best_dir,
                                   callbacks=callbacks)
         model_dir = run_dir / "model"
         publish_dir(model_dir, lambda d: shutil.copytree(

@@ -18,10 +18,12 @@ from albert_dist.config import TrainBase, TrainSection, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
+from albert_dist.finetune.task import ClassificationSpec
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.ray_init import ensure_ray
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train import checkpointing
+from albert_dist.train.loop import TaskSpec
 
 @dataclass
 class TaskData:
@@ -109,35 +111,33 @@ def classifier_model(cfg):
     return mlflow_models.SequenceClassifierModel(pair=cfg.data.text_pair_column is not None)
 
 
-def task_config(*, init_from: str, task_data: TaskData, task: str, finetune: TaskTrainingSection, train: TrainSection,
-                data_section: TaskDataSection, per_epoch: int, seed: int, model_overrides: dict[str, Any],
-                **extra: Any) -> dict[str, Any]:
-    """What the workers' task needs (plain values only: it travels to every worker)."""
-    return {
-        "init_from": init_from, "tokenizer_dir": init_from, "task": task, "num_labels": task_data.num_labels,
-        "model_overrides": model_overrides, "metric": finetune.best_metric,
-        "patience": finetune.early_stopping_patience, "layer_lr_decay": finetune.layer_lr_decay,
-        "lr_scales": dict(finetune.lr_scales), "batch_size": train.batch_size,
-        "eval_batch_size": finetune.eval_batch_size, "grad_accum_steps": train.grad_accum_steps,
-        "micro_batches_per_epoch": per_epoch, "eval_rows": len(task_data.splits["dev"]), "seed": seed,
-        "pad_to_multiple_of": data_section.pad_to_multiple_of, "group_by_length": data_section.group_by_length,
-        "max_seq_length": data_section.max_seq_length,
-        **extra,
-    }
+def classification_spec(*, init_from: str, task_data: TaskData, task: str, finetune: TaskTrainingSection,
+                        train: TrainSection, data_section: TaskDataSection, per_epoch: int, seed: int,
+                        model_overrides: dict[str, Any], tokenizer_dir: str | None = None,
+                        allow_pickle: bool = False) -> ClassificationSpec:
+    """The workers' task: fine-tune `init_from` (its tokenizer, unless `tokenizer_dir` names another) on
+    `task_data` with the job's settings (`train` as `schedule` derived it)."""
+    return ClassificationSpec(
+        init_from=init_from, tokenizer_dir=tokenizer_dir or init_from, task=task, num_labels=task_data.num_labels,
+        model_overrides=model_overrides, metric=finetune.best_metric, patience=finetune.early_stopping_patience,
+        layer_lr_decay=finetune.layer_lr_decay, lr_scales=dict(finetune.lr_scales), batch_size=train.batch_size,
+        eval_batch_size=finetune.eval_batch_size, grad_accum_steps=train.grad_accum_steps,
+        micro_batches_per_epoch=per_epoch, eval_rows=len(task_data.splits["dev"]), seed=seed,
+        pad_to_multiple_of=data_section.pad_to_multiple_of, group_by_length=data_section.group_by_length,
+        max_seq_length=data_section.max_seq_length, allow_pickle=allow_pickle)
 
 
-def train_on_ray(cfg, *, task_factory: str, config: dict[str, Any], task_data: TaskData, train: TrainSection,
-                 run: tracking.JobRun, best_model_dir: Path, callbacks: list | None = None):
-    """Run the task on Ray Train, its metrics logged into `run`. `callbacks` are Ray Train callbacks (a sweep's
+def train_on_ray(cfg, *, task: TaskSpec, task_data: TaskData, train: TrainSection, run: tracking.JobRun,
+                 best_model_dir: Path, callbacks: list | None = None):
+    """Run `task` on Ray Train, its metrics logged into `run`. `callbacks` are Ray Train callbacks (a sweep's
     trial passes Tune's report callback)."""
     from albert_dist.train.ray_runner import training_data_context, run_training
 
     training_data_context()
     datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
-    return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task_factory=task_factory,
-                        task_config=config, train=train, scaling=cfg.scaling, seed=cfg.run.seed,
-                        datasets=datasets, tracking=(run.uri, run.run_id), best_model_dir=best_model_dir,
-                        callbacks=callbacks, resume_changes=cfg.run.resume_changes,
+    return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task=task, train=train,
+                        scaling=cfg.scaling, seed=cfg.run.seed, datasets=datasets, tracking=(run.uri, run.run_id),
+                        best_model_dir=best_model_dir, callbacks=callbacks, resume_changes=cfg.run.resume_changes,
                         fingerprint=checkpointing.fingerprint(flatten(cfg), task_data_digest(cfg.data)))
 
 
@@ -180,12 +180,11 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
         print(f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {sizes} rows, "
               f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s); MLflow run {run.run_id}")
         overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
-        config = task_config(init_from=str(init_from), task_data=task_data, task=task, finetune=cfg.finetune,
-                             train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed,
-                             model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
+        spec = classification_spec(init_from=str(init_from), task_data=task_data, task=task,
+                                   finetune=cfg.finetune, train=train, data_section=cfg.data, per_epoch=per_epoch,
+                                   seed=cfg.run.seed, model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
         model_dir = cfg.run.run_dir / "model"
-        result = train_on_ray(cfg, task_factory="albert_dist.finetune.task:build_finetune_task", config=config,
-                              task_data=task_data, train=train, run=run, best_model_dir=model_dir,
+        result = train_on_ray(cfg, task=spec, task_data=task_data, train=train, run=run, best_model_dir=model_dir,
                               callbacks=callbacks)
         run.published(model_dir)  # the loop published the best dev checkpoint there
         values = final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg)

@@ -8,6 +8,7 @@ Spearman are computed once everything is summed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +18,7 @@ import torch
 from albert_dist.finetune import data, inference, lr_groups, metrics
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.tokenizer import load_tokenizer
-from albert_dist.train.loop import TrainingTask
+from albert_dist.train.loop import TaskSpec, TrainingTask
 
 
 class EarlyStopping:
@@ -49,46 +50,65 @@ class EarlyStopping:
         self.evaluations_without_improvement = int(state["evaluations_without_improvement"])
 
 
+@dataclass(frozen=True)
+class ClassificationSpec(TaskSpec):
+    """A fine-tuning job's task (classification, pairs or regression), as `finetune.job.classification_spec`
+    builds it; datasets "train" and "dev" come whole to every worker."""
+
+    init_from: str
+    tokenizer_dir: str
+    task: str  # "classification" or "regression"
+    num_labels: int
+    model_overrides: dict[str, Any]
+    metric: str  # picks the best model (and early stopping's)
+    patience: int | None
+    layer_lr_decay: float
+    lr_scales: dict[str, float]
+    batch_size: int
+    eval_batch_size: int
+    grad_accum_steps: int
+    micro_batches_per_epoch: int
+    eval_rows: int
+    seed: int
+    pad_to_multiple_of: int | None
+    group_by_length: bool
+    max_seq_length: int
+    allow_pickle: bool = False
+
+    def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> SequenceClassificationTask:
+        return SequenceClassificationTask(self, rank, world_size, dataset)
+
+
 class SequenceClassificationTask(TrainingTask):
-    """`config` is built by the driver (`finetune.job.task_config`); datasets "train" and "dev" come from Ray
-    Train (given whole to every worker)."""
-
-    def __init__(self, config: dict[str, Any], dataset: Callable[[str], Any] | None = None):
-        import ray.train
-
-        self.config = config
-        self.dataset = dataset or ray.train.get_dataset_shard
-        self.rank, self.world_size = 0, 1
-        if dataset is None:
-            context = ray.train.get_context()
-            self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
-        self.task, self.num_labels = config["task"], config["num_labels"]
-        self.best_metric = f"eval_{config['metric']}"
-        self.best_mode = "min" if config["metric"] == "loss" else "max"
-        self.tokenizer = load_tokenizer(config["tokenizer_dir"])
-        self.stopper = EarlyStopping(self.best_metric, self.best_mode, config["patience"])
+    def __init__(self, spec: ClassificationSpec, rank: int, world_size: int, dataset: Callable[[str], Any]):
+        self.spec, self.rank, self.world_size, self.dataset = spec, rank, world_size, dataset
+        self.task, self.num_labels = spec.task, spec.num_labels
+        self.best_metric = f"eval_{spec.metric}"
+        self.best_mode = "min" if spec.metric == "loss" else "max"
+        self.tokenizer = load_tokenizer(spec.tokenizer_dir)
+        self.stopper = EarlyStopping(self.best_metric, self.best_mode, spec.patience)
         self._cache: dict[str, dict[str, np.ndarray]] = {}
 
     # ------------------------------------------------------------------------------------------------ model
     def build_model(self) -> torch.nn.Module:
-        return AlbertForSequenceClassification.from_pretrained(self.config["init_from"],
-                                                               allow_pickle=self.config.get("allow_pickle", False),
-                                                               **self.config["model_overrides"])
+        return AlbertForSequenceClassification.from_pretrained(self.spec.init_from,
+                                                               allow_pickle=self.spec.allow_pickle,
+                                                               **self.spec.model_overrides)
 
     def parameter_groups(self, model, weight_decay):
         return lr_groups.albert_parameter_groups(model, self.num_hidden_groups(model), weight_decay,
-                                                 self.config["layer_lr_decay"], self.config["lr_scales"])
+                                                 self.spec.layer_lr_decay, self.spec.lr_scales)
 
     def num_hidden_groups(self, model) -> int:
         return model.config.num_hidden_groups
 
-    def flops_per_token(self, model) -> float:
-        return model.flops_per_token(self.config["max_seq_length"])
+    def flops_per_token(self, model, phase=0) -> float:
+        return model.flops_per_token(self.spec.max_seq_length)
 
     def save_model(self, model, directory: Path) -> None:
         model.save_pretrained(directory)
         self.tokenizer.save(directory)
-        inference.save_max_seq_length(directory, self.config["max_seq_length"])
+        inference.save_max_seq_length(directory, self.spec.max_seq_length)
 
     # ------------------------------------------------------------------------------------------------- loss
     def loss(self, model, batch):
@@ -106,7 +126,7 @@ class SequenceClassificationTask(TrainingTask):
             flat = labels.long() * K + logits.argmax(-1)
             stats["confusion"] = torch.bincount(flat, minlength=K * K).float()
         elif "row" in batch:  # evaluation: rank statistics need every prediction
-            rows, size = batch["row"].long(), self.config["eval_rows"]
+            rows, size = batch["row"].long(), self.spec.eval_rows
             stats["prediction_table"] = torch.zeros(size, device=logits.device).index_put((rows,), logits[:, 0])
             stats["target_table"] = torch.zeros(size, device=logits.device).index_put((rows,), labels.float())
         return stats
@@ -135,28 +155,28 @@ class SequenceClassificationTask(TrainingTask):
         order = np.arange(len(rows["row"])) if order is None else order
         columns = [k for k in rows if split == "dev" or k != "row"]  # dev row ids key the evaluation tables
         for index in global_batches(len(order), batch_size, self.rank, self.world_size, drop_last):
-            yield data.collate({k: rows[k][order[index]] for k in columns}, self.config["pad_to_multiple_of"])
+            yield data.collate({k: rows[k][order[index]] for k in columns}, self.spec.pad_to_multiple_of)
 
     def train_batches(self, epoch, phase=0):
         """A new seeded order each epoch, the same on every rank (rows of similar length in each global batch with
         `group_by_length`); each rank takes its slice of every global batch, so resuming at a micro-batch index
         sees exactly the rows not yet trained on."""
         lengths = self._rows("train")["length"]
-        rng = np.random.default_rng([self.config["seed"], epoch])
-        order = (data.length_grouped_order(lengths, self.config["batch_size"] * self.world_size, rng,
-                                           self.config["pad_to_multiple_of"])
-                 if self.config["group_by_length"] else rng.permutation(len(lengths)))
-        return self._batches("train", self.config["batch_size"], order, drop_last=True)
+        rng = np.random.default_rng([self.spec.seed, epoch])
+        order = (data.length_grouped_order(lengths, self.spec.batch_size * self.world_size, rng,
+                                           self.spec.pad_to_multiple_of)
+                 if self.spec.group_by_length else rng.permutation(len(lengths)))
+        return self._batches("train", self.spec.batch_size, order, drop_last=True)
 
     def eval_batches(self):
         """Longest rows first: evaluation statistics are sums, so the order only changes the padding."""
         order = data.length_sorted_order(self._rows("dev")["length"])
-        return self._batches("dev", self.config["eval_batch_size"], order)
+        return self._batches("dev", self.spec.eval_batch_size, order)
 
     # ----------------------------------------------------------------------------------- evaluation points
     def should_evaluate(self, step: int) -> bool:
         """At each epoch end: the step that consumed the epoch's last micro-batch."""
-        per_epoch, accum = self.config["micro_batches_per_epoch"], self.config["grad_accum_steps"]
+        per_epoch, accum = self.spec.micro_batches_per_epoch, self.spec.grad_accum_steps
         return (step * accum) // per_epoch > ((step - 1) * accum) // per_epoch
 
     def should_stop(self, eval_metrics):
@@ -180,7 +200,3 @@ def global_batches(count: int, batch_size: int, rank: int, world_size: int, drop
         lo, hi = start + rank * share, min(start + (rank + 1) * share, count, start + size)
         if lo < hi:
             yield slice(lo, hi)
-
-
-def build_finetune_task(config: dict[str, Any]) -> SequenceClassificationTask:
-    return SequenceClassificationTask(config)

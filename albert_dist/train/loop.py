@@ -75,8 +75,8 @@ class TrainingTask(ABC):
     def load_weights(self, model: torch.nn.Module, directory: Path) -> None:
         model.load_state_dict(type(model).from_pretrained(directory).state_dict())
 
-    def flops_per_token(self, model: torch.nn.Module) -> float:
-        """Training FLOPs per token of `model`, for model FLOPs utilisation; 0 when unknown."""
+    def flops_per_token(self, model: torch.nn.Module, phase: int = 0) -> float:
+        """Training FLOPs per token of `model` in `phase`, for model FLOPs utilisation; 0 when unknown."""
         return 0.0
 
     def should_evaluate(self, step: int) -> bool:
@@ -103,6 +103,16 @@ class TrainingTask(ABC):
         """Called after each evaluation, on every rank with the same metrics; True stops training (early
         stopping) with a final checkpoint."""
         return False
+
+
+class TaskSpec(ABC):
+    """A task's settings, built and checked by the driver: a frozen dataclass that travels as it is to every
+    worker, where `build` makes that worker's `TrainingTask`."""
+
+    @abstractmethod
+    def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> TrainingTask:
+        """The task of rank `rank` of `world_size`, reading its datasets through `dataset(name)` (a Ray Data
+        dataset or shard, or anything with the same iteration methods)."""
 
 
 @dataclass
@@ -299,7 +309,7 @@ class Trainer:
             "samples_per_s": samples / elapsed,
             "skipped_steps": float(steps - finite_steps / self.env.world_size),
         })
-        flops = self.task.flops_per_token(self.model)
+        flops = self.task.flops_per_token(self.model, self.position.phase)
         if flops:
             metrics["model_tflops"] = flops * metrics["tokens_per_s"] / 1e12
             if self.settings.peak_tflops:

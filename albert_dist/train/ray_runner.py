@@ -6,7 +6,6 @@ the run's checkpoint history there); `FailureConfig(max_failures)` restarts fail
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import sys
@@ -25,7 +24,7 @@ from albert_dist.config import ScalingSection, TrainSection
 from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is_disk_full
 from albert_dist.train import checkpointing
 from albert_dist.train.collectives import broadcast_object
-from albert_dist.train.loop import Trainer, WorkerEnv
+from albert_dist.train.loop import TaskSpec, Trainer, WorkerEnv
 
 
 class TrainingStalled(AlbertDistError):
@@ -58,16 +57,16 @@ def torch_threads(scaling: ScalingSection) -> int:
     return max(1, int(scaling.cpus_per_worker))
 
 
-def run_training(*, name: str, storage_path: Path, task_factory: str, task_config: dict[str, Any],
-                 train: TrainSection, scaling: ScalingSection, seed: int, datasets: dict[str, Any] | None = None,
-                 split_datasets: bool = False, tracking: tuple[str, str] | None = None,
-                 best_model_dir: Path | None = None, callbacks: list | None = None,
-                 fingerprint: dict[str, Any] | None = None, resume_changes: str = "refuse") -> TrainingResult:
-    """Fit `task_factory(task_config)` with the shared loop on `scaling.num_workers` Ray Train workers.
+def run_training(*, name: str, storage_path: Path, task: TaskSpec, train: TrainSection, scaling: ScalingSection,
+                 seed: int, datasets: dict[str, Any] | None = None, split_datasets: bool = False,
+                 tracking: tuple[str, str] | None = None, best_model_dir: Path | None = None,
+                 callbacks: list | None = None, fingerprint: dict[str, Any] | None = None,
+                 resume_changes: str = "refuse") -> TrainingResult:
+    """Fit the task `task` describes with the shared loop on `scaling.num_workers` Ray Train workers.
 
-    `task_factory` is an import path "module:function"; the function builds the `TrainingTask` inside each
-    worker. Datasets are passed whole to every worker unless `split_datasets` (the tasks shard them themselves,
-    deterministically, so a resumed run sees exactly the batches it had not trained on yet).
+    Each worker builds its `TrainingTask` from `task` (`TaskSpec.build`). Datasets are passed whole to every
+    worker unless `split_datasets` (the tasks shard them themselves, deterministically, so a resumed run sees
+    exactly the batches it had not trained on yet).
 
     `fingerprint` (`checkpointing.fingerprint`) is recorded in every checkpoint; a relaunch whose fingerprint
     differs from its newest checkpoint's stops before training (`resume_changes` "refuse") or resumes and records
@@ -82,7 +81,7 @@ def run_training(*, name: str, storage_path: Path, task_factory: str, task_confi
     options = DataContext.get_current().execution_options
     trainer = ray.train.torch.TorchTrainer(
         _train_worker,
-        train_loop_config={"task_factory": task_factory, "task_config": task_config, "train": train.model_dump(),
+        train_loop_config={"task": task, "train": train.model_dump(),
                            "seed": seed, "tracking": tracking, "storage_dir": str(storage_path / name),
                            "best_model_dir": str(best_model_dir) if best_model_dir else None,
                            "torch_threads": torch_threads(scaling), "fingerprint": fingerprint},
@@ -200,10 +199,9 @@ def _check_relaunch(storage_dir: Path, fingerprint: dict[str, Any], resume_chang
 def _train_worker(config: dict[str, Any]) -> None:
     torch.set_num_threads(config["torch_threads"])
     _quiet_report_log()
-    module, _, function = config["task_factory"].partition(":")
-    task = getattr(importlib.import_module(module), function)(config["task_config"])
     context = ray.train.get_context()
-    rank = context.get_world_rank()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    task = config["task"].build(rank, world_size, ray.train.get_dataset_shard)
     logger = None
     if config["tracking"] and rank == 0:
         from albert_dist.metrics_log import STATE_FILE, MetricsLogger, quick_failing_requests
@@ -211,7 +209,6 @@ def _train_worker(config: dict[str, Any]) -> None:
         quick_failing_requests()
         logger = MetricsLogger(*config["tracking"], skip_replayed=True,
                                state_file=Path(config["storage_dir"]) / STATE_FILE)
-    world_size = context.get_world_size()
     # rank 0 picks the checkpoint (verifying it) and every rank resumes from that one
     resume_dir = resume_directory(ray.train.get_checkpoint(), Path(config["storage_dir"])) if rank == 0 else None
     env = WorkerEnv(rank=rank, world_size=world_size, device=ray.train.torch.get_device(),
