@@ -26,6 +26,7 @@ from albert_dist.train.loop import TaskSpec, TrainingTask
 
 SHUFFLE_BUFFER = 2048
 EVAL_MASK_STREAM = 7919  # seeds the held-out masks apart from any training batch's
+VERIFIED_SHARDS = "verified_shards.json"  # in the run dir: the shards checked against the manifest, and when
 
 
 @dataclass(frozen=True)
@@ -254,9 +255,9 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
     model_config = pretraining_model_config(cfg, manifest)
     phases = open_phases(cfg, prepared, model_config)
     every_data = list({id(p): p for p in [prepared, *(phase.prepared for phase in phases)]}.values())
-    for data in every_data:
-        data.verify_shards()
     run_dir = cfg.run.run_dir
+    for data in every_data:
+        data.verify_shards(record=run_dir / VERIFIED_SHARDS)
     n_params = AlbertForPreTraining(model_config).num_parameters()
     in_memory = all(data.fits_in_memory(cfg.data.cache) for data in every_data)
     with tracking.job_run(cfg, "pretrain", extra_params={

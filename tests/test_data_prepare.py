@@ -53,6 +53,28 @@ def test_english_manifest_and_summary(english, english_tokenizer):
     assert out["input_ids"].shape[0] == len(rows["input_ids"])
 
 
+def test_shards_that_checked_out_are_not_read_again_until_they_change(english, tmp_path):
+    """A relaunch of a run does not hash the whole corpus again: its record names the shards that checked out,
+    with their size and modification time; a shard changed since is read and refused."""
+    copy = tmp_path / "prepared"
+    shutil.copytree(english[2].location, copy)
+    data, record = load_prepared(copy), tmp_path / "run" / "verified_shards.json"
+    shards = len(data.shard_paths("train")) + len(data.shard_paths("eval"))
+    assert data.verify_shards(record) == shards and data.verify_shards(record) == 0
+
+    shard = copy / "train" / "part-00000.parquet"
+    original = shard.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF  # same size, another modification time
+    shard.write_bytes(bytes(damaged))
+    with pytest.raises(DataError, match=r"shard train/part-00000\.parquet does not match its sha256"):
+        data.verify_shards(record)
+    shard.write_bytes(original)
+    assert data.verify_shards(record) == 1  # the rewritten shard only
+    record.write_text("{cut off")  # an unreadable record: every shard is read again
+    assert data.verify_shards(record) == shards
+
+
 def test_same_seed_same_shards(english, tmp_path):
     cfg, _, data = english
     again = cfg.model_copy(deep=True)

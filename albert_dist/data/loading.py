@@ -21,7 +21,7 @@ from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.prepare import FORMAT_VERSION, MANIFEST
 from albert_dist.data.readers import filesystem
 from albert_dist.errors import DataError, TokenizerError
-from albert_dist.files import sha256_stream
+from albert_dist.files import publish_text, sha256_stream
 
 
 #: the largest share of the cluster's object store that `data.cache: auto` fills with a prepared dataset
@@ -117,23 +117,34 @@ class PreparedData:
         """Paths inside the dataset's filesystem, in instance-id order."""
         return [f"{self._root}/{shard['path']}" for shard in self.manifest["splits"][split]["shards"]]
 
-    def verify_shards(self) -> int:
-        """Check every shard against the sha256 the manifest records; returns how many were checked. A dataset
-        prepared before shards were checksummed has none to check."""
+    def verify_shards(self, record: Path | None = None) -> int:
+        """Check every shard against the sha256 the manifest records; returns how many shards were read to check.
+        A dataset prepared before shards were checksummed has none to check.
+
+        With `record` (a file of the run that trains on the data), a shard whose size and modification time are
+        what they were when it last checked out is not read again: a relaunch does not hash a big corpus, or
+        download one from object storage, every time. The record is rewritten after the shards it did read."""
+        known = _read_record(record)
         checked = 0
         for split in ("train", "eval"):
             for shard, path in zip(self.manifest["splits"][split]["shards"], self.shard_paths(split)):
                 if "sha256" not in shard:
                     continue
-                try:
-                    with self._fs.open_input_stream(path) as f:
-                        digest = sha256_stream(f)
-                except FileNotFoundError:
-                    raise DataError(f"{self.location}: shard {shard['path']} is missing") from None
+                info = self._fs.get_file_info(path)
+                if info.type == pafs.FileType.NotFound:
+                    raise DataError(f"{self.location}: shard {shard['path']} is missing")
+                stamp = {"sha256": shard["sha256"], "size": info.size, "mtime_ns": info.mtime_ns}
+                if known.get(path) == stamp:
+                    continue
+                with self._fs.open_input_stream(path) as f:
+                    digest = sha256_stream(f)
                 if digest != shard["sha256"]:
                     raise DataError(f"{self.location}: shard {shard['path']} does not match its sha256 in the "
                                     f"manifest (changed or corrupted since it was prepared): prepare the data again")
+                known[path] = stamp
                 checked += 1
+        if record is not None and checked:
+            publish_text(record, json.dumps(known, indent=1))
         return checked
 
     def digest(self) -> str:
@@ -147,6 +158,16 @@ class PreparedData:
         """The masking collator for this data (special ids and vocabulary from the manifest); `masking`, a
         `MaskingSection`, overrides the settings the data was prepared with."""
         return MaskingCollator.from_manifest(self.manifest, masking)
+
+
+def _read_record(record: Path | None) -> dict[str, Any]:
+    """The shards `verify_shards` checked before (none without a record, or with an unreadable one)."""
+    if record is None:
+        return {}
+    try:
+        return json.loads(record.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def load_prepared(location: str | Path) -> PreparedData:
