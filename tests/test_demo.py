@@ -31,15 +31,21 @@ def test_a_second_demo_into_the_same_directory_starts_fresh(tmp_path, capsys):
     assert (tmp_path / "demo.previous" / "mlflow.db").read_text() == "runs of the second demo"
 
 
-def test_the_task_hides_its_cue_words(stdlib_corpus, tmp_path):
+def test_the_sentence_order_task_is_balanced_and_true_to_the_corpus(stdlib_corpus, tmp_path):
     import csv
 
-    from albert_dist.demo import RETURNS_CUE, write_classification_task
+    from albert_dist.demo import write_sentence_order_task
 
-    rows = list(csv.DictReader(open(write_classification_task(stdlib_corpus, tmp_path / "task.csv"))))
+    rows = list(csv.DictReader(open(write_sentence_order_task(stdlib_corpus, tmp_path / "task.csv"))))
     labels = [row["label"] for row in rows]
-    assert labels.count("returns") == labels.count("other") > 500
-    assert not any(RETURNS_CUE.search(row["text"]) for row in rows)
+    assert labels.count("in_order") == labels.count("swapped") > 500
+    # each pair stands in the corpus in the order its label says (both ways round: the labels are not swapped), but
+    # for a few pairs whose first sentence was cut at 200 characters or normalised by the sentence splitter
+    text = " ".join(stdlib_corpus.read_text(encoding="utf-8").split())
+    for label, (first, second) in (("in_order", ("text", "text_pair")), ("swapped", ("text_pair", "text"))):
+        pairs = [(row[first], row[second]) for row in rows if row["label"] == label]
+        found = sum(f"{a} {b}" in text for a, b in pairs)
+        assert found > 0.9 * len(pairs), (label, found, len(pairs))
 
 
 @pytest.mark.slow
@@ -66,11 +72,12 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     # between runs: 0.082/0.037, 0.089/0.049 and 0.069/0.055 in three runs, so a fixed margin would be flaky
     mlm, unigram = map(float, re.search(r"eval MLM accuracy (\S+) \(unigram baseline (\S+)\)", summary).groups())
     assert mlm > unigram, summary
-    # both fine-tunings learn (two balanced classes); the gap between them is printed, not asserted: at this budget
-    # the random init does as well or better (0.758 against 0.647 and 0.728 in two quiet runs, issue 16's note)
+    # pretraining pays on the task: +3.5 (this demo's pipeline), +4.0, +4.8, +5.2, +6.4 and +10.4 points over the
+    # random init with the same budget (issue 16: three task seeds, three pretraining runs); one accuracy on ~510 dev
+    # rows moves by ~2 points from the split alone, so the margin asserted is 1 point
     pretrained, random_init = map(float, re.search(
         r"dev accuracy (\S+) from the pretrained model, (\S+) from a random init", summary).groups())
-    assert pretrained > 0.5 + 0.1 and random_init > 0.5 + 0.1, summary
+    assert pretrained > random_init + 0.01 and random_init > 0.5, summary
     _, student = map(float, re.search(r"dev accuracy\s+(0\.\d+)\s+(0\.\d+)", summary).groups())
     assert student > 0.5 + 0.1, summary
     assert len(re.findall(r"TERMINATED", summary)) == 2  # the sweep's two trials in the table
