@@ -182,6 +182,7 @@ def hf_side(args) -> None:
                       data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8))
     result = trainer.train()
     loop_end = time.time()
+    trainer.args.dataloader_drop_last = False  # for training only: every test row is predicted
     logits = trainer.predict(test).predictions
     labels = np.array([row["labels"] for row in test])
     print(json.dumps({"examples_per_s": result.global_step * args.batch_size / result.metrics["train_runtime"],
