@@ -18,9 +18,9 @@ os.environ.update(ray_init.WORKER_ENV)  # the workers of the tests' Ray print as
 # The longest files first (minutes each on CI's 2 cores, measured with --durations): the suite runs in two processes
 # that each take the next file when free (`--dist loadfile`), so long files started last would leave one process
 # working alone at the end.
-LONGEST_FIRST = ["test_demo.py", "test_cluster_local.py", "test_tune.py", "test_pretrain.py", "test_tracking.py",
-                 "test_mlflow_ui.py", "test_faults_node.py", "test_finetune_ray.py", "test_s3.py", "test_security.py",
-                 "test_console.py", "test_cluster_multinode.py"]
+LONGEST_FIRST = ["test_demo.py", "test_cluster_local.py", "test_pretrain_faults.py", "test_pretrain.py", "test_tune.py",
+                 "test_tracking.py", "test_mlflow_ui.py", "test_faults_node.py", "test_finetune_ray.py", "test_s3.py",
+                 "test_security.py", "test_console.py", "test_cluster_multinode.py"]
 
 
 def pytest_collection_modifyitems(items):
