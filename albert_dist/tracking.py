@@ -31,7 +31,9 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_DEVELOPMENT = "custom_model_development"
 ARTIFACTS_DIR = "mlartifacts"  # beside a SQLite store's database
 DIGEST_CHARS = 12  # of a dataset digest (MLflow keeps at most 36)
-DATASET_LOG_ATTEMPTS = 5
+DATASET_LOG_ATTEMPTS = 5  # concurrent runs logging one dataset: see log_datasets
+# How a store reports a unique key taken by a concurrent insert (SQLite, PostgreSQL, MySQL; through a server too)
+_KEY_COLLISION = re.compile(r"UNIQUE constraint failed|duplicate key|Duplicate entry|IntegrityError")
 # Values of parameters and tags whose names look like these are never logged.
 _SECRET_NAME = re.compile(r"(token|password|passwd|secret|credential|api[_-]?key|access[_-]?key)", re.I)
 # The user info of a URL (`https://user:password@host`): written as *** wherever a URL is shown or logged.
@@ -366,11 +368,11 @@ def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, 
         try:
             client.log_inputs(run_id, inputs)
             return
-        except Exception:
+        except Exception as err:
             # MLflow's store looks a dataset up, then inserts it: two runs of one experiment (a sweep's trials)
             # logging the same dataset at once collide on its unique key. The loser's transaction rolls back;
-            # on the next try the lookup finds the winner's row.
-            if attempt == DATASET_LOG_ATTEMPTS - 1:
+            # on the next try the lookup finds the winner's row. Any other failure is not retried.
+            if attempt == DATASET_LOG_ATTEMPTS - 1 or not _KEY_COLLISION.search(str(err)):
                 raise
             time.sleep(0.2 * (attempt + 1))
 
