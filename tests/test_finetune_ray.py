@@ -190,7 +190,8 @@ def test_distilled_student_keeps_teacher_accuracy(classifier, workspace, ray_ses
 def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     from safetensors import safe_open
 
-    from albert_dist.finetune.distill import DistillationModel, DistillationTask, build_student
+    from albert_dist.finetune.distill import DistillationModel, DistillationSpec, DistillationTask, build_student
+    from albert_dist.finetune.job import classification_spec
     from albert_dist.model import AlbertForSequenceClassification
 
     teacher = AlbertForSequenceClassification.from_pretrained(classifier.model_dir)
@@ -199,15 +200,20 @@ def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     student = build_student(teacher, cfg)
     assert torch.equal(student.albert.embeddings.word_embeddings.weight, teacher.albert.embeddings.word_embeddings.weight)
     model = DistillationModel(student, teacher, match_hidden=True)
-    batch = next(data.batches(prepare_task_data(finetune_config(classifier.model_dir.parents[2]).data,
-                                                "classification", classifier.model_dir,
-                                                label_names=["no", "yes"]).splits["dev"], 4, 8))
+    job_cfg = finetune_config(classifier.model_dir.parents[2])
+    task_data = prepare_task_data(job_cfg.data, "classification", classifier.model_dir, label_names=["no", "yes"])
+    batch = next(data.batches(task_data.splits["dev"], 4, 8))
     _, _, hidden = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     hidden.backward()
     assert model.projection.weight.grad is not None and teacher.classifier.weight.grad is None
-    task = DistillationTask({"task": "classification", "num_labels": 2, "metric": "accuracy", "patience": None,
-                             "max_seq_length": 32,
-                             "tokenizer_dir": str(classifier.model_dir)}, dataset=lambda split: None)
+    student_task = classification_spec(
+        init_from=str(classifier.model_dir), task_data=task_data, task="classification", finetune=job_cfg.finetune,
+        train=job_cfg.train, data_section=job_cfg.data, per_epoch=1,
+        seed=0, model_overrides={})
+    spec = DistillationSpec(student_task, teacher_dir=str(classifier.model_dir), temperature=2.0, alpha=0.5,
+                            hidden_weight=1.0)
+    task = spec.build(rank=0, world_size=1, dataset=lambda split: None)
+    assert isinstance(task, DistillationTask)
     # a distillation step trains the student and runs the teacher forward: FLOPs of both, the teacher's a third
     assert task.flops_per_token(model) == student.flops_per_token(32) + teacher.flops_per_token(32) / 3
     task.save_model(model, tmp_path)
