@@ -20,7 +20,7 @@ os.environ.update(ray_init.WORKER_ENV)  # the workers of the tests' Ray print as
 # working alone at the end.
 LONGEST_FIRST = ["test_demo.py", "test_cluster_local.py", "test_pretrain_faults.py", "test_pretrain.py", "test_tune.py",
                  "test_tracking.py", "test_mlflow_ui.py", "test_faults_node.py", "test_finetune_ray.py", "test_s3.py",
-                 "test_security.py", "test_console.py", "test_cluster_multinode.py"]
+                 "test_security.py", "test_cluster_multinode.py"]
 
 
 def pytest_collection_modifyitems(items):
