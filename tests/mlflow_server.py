@@ -21,21 +21,29 @@ def free_port() -> int:
 
 
 def start_server(store: Path, port: int) -> subprocess.Popen:
+    """Start the server and wait until it answers; its output goes to `store`/server.log, quoted on failure."""
     mlflow = Path(sys.executable).with_name("mlflow")
-    process = subprocess.Popen(
-        [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination",
-         str(store / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
+    with open(store / "server.log", "ab") as log:
+        process = subprocess.Popen(
+            [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
+             "--artifacts-destination", str(store / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
     while time.time() < deadline:
-        try:  # ready when the app answers, not when the port opens
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+        # ready when the app answers, not when the port opens; a loaded 2-core machine can take seconds to answer
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=15).close()
             return process
         except OSError:
-            assert process.poll() is None, "mlflow server exited"
+            if process.poll() is not None:
+                pytest.fail(f"mlflow server exited ({process.returncode}):\n{_tail(store / 'server.log')}")
             time.sleep(0.5)
     stop_server(process)  # its whole process group: the server's workers too
-    pytest.fail("mlflow server did not start")
+    pytest.fail(f"mlflow server did not answer within 300 s:\n{_tail(store / 'server.log')}")
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def stop_server(process: subprocess.Popen) -> None:
