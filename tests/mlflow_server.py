@@ -23,6 +23,7 @@ def free_port() -> int:
 def start_server(store: Path, port: int) -> subprocess.Popen:
     """Start the server and wait until it answers; its output goes to `store`/server.log, quoted on failure."""
     mlflow = Path(sys.executable).with_name("mlflow")
+    store.mkdir(parents=True, exist_ok=True)
     with open(store / "server.log", "ab") as log:
         process = subprocess.Popen(
             [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
