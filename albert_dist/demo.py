@@ -71,16 +71,19 @@ def write_sentence_order_task(corpus: Path, directory: Path, train_rows: int = 2
     rows = [(a, b, "in_order") if i % 2 == 0 else (b, a, "swapped") for i, (a, b) in enumerate(chosen)]
     rng.shuffle(rows)
 
-    def writer(part: list[tuple[str, str, str]]):
-        def write(tmp: Path) -> None:
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                out = csv.writer(f)
-                out.writerow(["text", "text_pair", "label"])
-                out.writerows(part)
-        return write
+    return (_publish_pairs(directory / "train.csv", rows[:train_rows]),
+            _publish_pairs(directory / "dev.csv", rows[train_rows:]))
 
-    return (publish_file(directory / "train.csv", writer(rows[:train_rows])),
-            publish_file(directory / "dev.csv", writer(rows[train_rows:])))
+
+def _publish_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    """A CSV of (text, text_pair, label) rows, published atomically."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            out = csv.writer(f)
+            out.writerow(["text", "text_pair", "label"])
+            out.writerows(rows)
+
+    return publish_file(path, write)
 
 
 def run_demo(cfg: DemoJobConfig) -> int:
