@@ -132,9 +132,9 @@ class PretrainingTask(TrainingTask):
         from albert_dist.data.masking import batch_rng
 
         seed, spec = self.spec.seed, self.phase(phase)
-        for index, rows in enumerate(rank_batches(self.dataset(spec.split), batch_size=spec.batch_size,
-                                                  rank=self.rank, world_size=self.world_size, seed=seed + epoch,
-                                                  shuffle_buffer=SHUFFLE_BUFFER)):
+        for index, (_, rows) in enumerate(rank_batches(self.dataset(spec.split), batch_size=spec.batch_size,
+                                                       rank=self.rank, world_size=self.world_size, seed=seed + epoch,
+                                                       shuffle_buffer=SHUFFLE_BUFFER)):
             yield self.collate(rows, batch_rng(seed, epoch, self.rank, index), spec.max_seq_length)
 
     def eval_batches(self):
@@ -144,10 +144,8 @@ class PretrainingTask(TrainingTask):
         if not self.spec.has_eval:
             return
         size = -(-self.spec.batch_size // self.world_size)
-        for index, rows in enumerate(rank_batches(self.dataset("eval"), batch_size=size, rank=self.rank,
-                                                  world_size=self.world_size, drop_last=False,
-                                                  limit=self.spec.eval_batches)):
-            first = (index * self.world_size + self.rank) * size
+        for first, rows in rank_batches(self.dataset("eval"), batch_size=size, rank=self.rank,
+                                        world_size=self.world_size, drop_last=False, limit=self.spec.eval_batches):
             count = len(rows["sop_label"])
             yield self.collate(rows, [np.random.default_rng([self.spec.seed, EVAL_MASK_STREAM, first + i])
                                       for i in range(count)], self.spec.max_seq_length)

@@ -50,8 +50,8 @@ def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
 
     data_dir = prepare(root, seq)
     spec, _ = pretraining_task(data_dir, SimpleNamespace(preset=args.preset, batch_size=batch_size))
-    rows = rank_batches(load_prepared(data_dir).train, batch_size=batch_size, rank=0, world_size=1, seed=0,
-                        shuffle_buffer=SHUFFLE_BUFFER)
+    rows = (piece for _, piece in rank_batches(load_prepared(data_dir).train, batch_size=batch_size, rank=0,
+                                               world_size=1, seed=0, shuffle_buffer=SHUFFLE_BUFFER))
     batches = list(enumerate(islice(rows, 1 + args.rounds * args.steps)))
     torch.manual_seed(0)
     tasks = {packing: dataclasses.replace(spec, packing=packing).build(0, 1, dataset=lambda split: None)

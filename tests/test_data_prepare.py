@@ -118,7 +118,8 @@ def test_ray_train_split_is_disjoint_and_covers(english):
 
 
 def test_rank_batches_are_disjoint_equal_and_repeatable(english):
-    """The pretraining feed: each rank's slice of the same seeded global batches (what exact resume relies on)."""
+    """The pretraining feed: each rank's slice of the same seeded global batches (what exact resume relies on),
+    with the stream position of its first row; without drop_last the partial last batch is split evenly."""
     from ray.data import DataContext
 
     _, summary, data = english
@@ -126,18 +127,37 @@ def test_rank_batches_are_disjoint_equal_and_repeatable(english):
     kept, options.preserve_order = options.preserve_order, True  # as the training workers run it
     world, size = 2, 16
     try:
-        def ids(rank, seed=1, limit=None):
-            return [b["instance_id"].tolist() for b in rank_batches(data.train, batch_size=size, rank=rank,
-                                                                   world_size=world, seed=seed, shuffle_buffer=64,
-                                                                   limit=limit)]
+        def pieces(rank, seed=1, limit=None, drop_last=True):
+            return [(first, b["instance_id"].tolist()) for first, b in rank_batches(
+                data.train, batch_size=size, rank=rank, world_size=world, seed=seed, shuffle_buffer=64, limit=limit,
+                drop_last=drop_last)]
+
+        def ids(rank, **kwargs):
+            return [batch for _, batch in pieces(rank, **kwargs)]
+
         r0, r1 = ids(0), ids(1)
         assert ids(0) == r0 and ids(0, limit=2) == r0[:2] and ids(0, seed=2) != r0
+        whole = [pieces(rank, drop_last=False) for rank in range(world)]
     finally:
         options.preserve_order = kept
     assert len(r0) == len(r1) == summary["train_instances"] // (size * world) > 5
     assert all(len(batch) == size for batch in r0 + r1)
     flat0, flat1 = sum(r0, []), sum(r1, [])
     assert len(set(flat0)) == len(flat0) and not set(flat0) & set(flat1)
+    # every row once, at the stream position the slice names
+    positions = [first + i for rank in whole for first, batch in rank for i in range(len(batch))]
+    assert sorted(positions) == list(range(summary["train_instances"]))
+    shares = [{first // (size * world): len(batch) for first, batch in rank} for rank in whole]
+    for index in range(-(-summary["train_instances"] // (size * world))):  # a rank's share is missing when empty
+        assert max(share.get(index, 0) for share in shares) - min(share.get(index, 0) for share in shares) <= 1
+
+
+def test_rank_slices_split_full_batches_equally_and_partial_ones_evenly():
+    from albert_dist.train.feed import rank_slice
+
+    assert [rank_slice(32, rank, 2) for rank in range(2)] == [slice(0, 16), slice(16, 32)]
+    assert [rank_slice(5, rank, 2) for rank in range(2)] == [slice(0, 3), slice(3, 5)]
+    assert [rank_slice(1, rank, 3) for rank in range(3)] == [slice(0, 1), slice(1, 1), slice(1, 1)]
 
 
 def test_load_errors(english, tmp_path):

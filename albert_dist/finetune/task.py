@@ -18,6 +18,7 @@ import torch
 from albert_dist.finetune import data, inference, lr_groups, metrics
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.tokenizer import load_tokenizer
+from albert_dist.train.feed import rank_slice
 from albert_dist.train.loop import TaskSpec, TrainingTask
 
 
@@ -191,12 +192,11 @@ class SequenceClassificationTask(TrainingTask):
 
 
 def global_batches(count: int, batch_size: int, rank: int, world_size: int, drop_last: bool):
-    """Index ranges of this rank's share of each global batch of `batch_size × world_size` rows; with
-    `drop_last=False` the last, partial global batch is split as evenly as it goes (a rank may get none)."""
+    """Index ranges of this rank's share of each global batch of `batch_size × world_size` rows
+    (`train.feed.rank_slice`); `drop_last` leaves out the last, partial global batch."""
     size = batch_size * world_size
     stop = count - count % size if drop_last else count
     for start in range(0, stop, size):
-        share = -(-min(size, count - start) // world_size)
-        lo, hi = start + rank * share, min(start + (rank + 1) * share, count, start + size)
-        if lo < hi:
-            yield slice(lo, hi)
+        part = rank_slice(min(size, count - start), rank, world_size)
+        if part.start < part.stop:
+            yield slice(start + part.start, start + part.stop)
