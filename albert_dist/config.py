@@ -305,12 +305,7 @@ class PhaseSection(Section):
     max_seq_length: int | None = Field(None, gt=0, description="The sequence length the phase's data must have "
                                                                "been prepared at (checked before training).")
 
-    @field_validator("data")
-    @classmethod
-    def _data_without_secrets(cls, data: str | None) -> str | None:
-        if data is not None:
-            _refuse_uri_credentials(data)
-        return data
+    _data_without_secrets = field_validator("data")(classmethod(lambda cls, value: without_credentials(value)))
 
 
 class PretrainingTrainSection(TrainSection):
@@ -472,8 +467,15 @@ def is_uri(path: str | Path) -> bool:
 def local_path(value: str | None) -> str | None:
     """A field validator's check for paths read with local file operations (model and tokenizer directories)."""
     if value is not None and is_uri(value):
-        raise ValueError("a URI, but this is read from a local or mounted path (only data.output and data.inputs "
-                         "take URIs)")
+        raise ValueError("a URI, but this is read from a local or mounted path (data.output, data.inputs and "
+                         "fine-tuning's data files take URIs)")
+    return value
+
+
+def without_credentials(value: str | None) -> str | None:
+    """A field validator's check for locations that may be URIs: credentials in one are refused."""
+    if value is not None:
+        _refuse_uri_credentials(value)
     return value
 
 

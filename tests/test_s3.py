@@ -1,7 +1,7 @@
-"""Prepared data on object storage, end to end against a real S3-compatible server (moto's standalone server, a
-process on 127.0.0.1): `albert-dist data prepare` reads the corpus from S3 and uploads the dataset there,
-`albert-dist pretrain` trains from it through Ray Data; a shard changed on the server is caught; URIs where only a
-local path works are refused at validation."""
+"""Data on object storage, end to end against a real S3-compatible server (moto's standalone server, a process on
+127.0.0.1): `albert-dist data prepare` reads the corpus from S3 and uploads the dataset there, `albert-dist
+pretrain` trains from it through Ray Data, `albert-dist finetune` reads its labelled files from S3; a shard changed
+on the server is caught; URIs where only a local path works are refused at validation."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ import time
 import urllib.request
 
 import pytest
+from finetune_helpers import single_rows, write_csv, write_jsonl
 from mlflow_server import free_port
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config, resolve_path
 from albert_dist.errors import ConfigError, DataError
+from albert_dist.finetune.config import FinetuneJobConfig
 
 BUCKET = "albert-test"
 TINY_MODEL = ["model.embedding_size=32", "model.hidden_size=64", "model.num_hidden_layers=2",
@@ -74,6 +76,9 @@ def test_uris_only_where_they_work():
     with pytest.raises(ConfigError, match=r"data\.inputs: the URI carries credentials \(user info\)") as err:
         load_config(DataJobConfig, None, ["data.inputs=[s3://key:hunter2@bucket/corpus]"])
     assert "hunter2" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"data\.train: the URI carries credentials \(user info\)") as err:
+        load_config(FinetuneJobConfig, None, ["data.train=s3://key:hunter2@bucket/train.csv"])
+    assert "hunter2" not in str(err.value)
     with pytest.raises(ConfigError, match=r"data\.output: name a prefix inside the bucket"):
         load_config(DataJobConfig, None, ["data.output=s3://bucket"])
     with pytest.raises(ConfigError, match="is a URI where a local or mounted path is needed"):
@@ -97,10 +102,17 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     pretrain = ["pretrain", *common, "run.name=s3run", *TINY_MODEL, "scaling.num_workers=1", "train.precision=fp32",
                 "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=8", "train.log_every=2",
                 "train.eval_every=3", "train.checkpoint_every=3", "train.eval_batches=2", "train.max_failures=0"]
-    # both commands in one process, its own local Ray: the session Ray's workers were started without the
+    for name, rows, write in (("train.csv", single_rows(64, seed=1), write_csv),
+                              ("dev.jsonl", single_rows(32, seed=2), write_jsonl)):
+        s3.put_object(Bucket=BUCKET, Key=f"task/{name}", Body=write(tmp_path / name, rows).read_bytes())
+    finetune = ["finetune", f"run.output_dir={tmp_path / 'runs'}", "run.name=s3finetune",
+                f"model.init_from={tmp_path / 'runs' / 's3run' / 'model'}", f"data.train=s3://{BUCKET}/task/train.csv",
+                f"data.dev=s3://{BUCKET}/task/dev.jsonl", "data.max_seq_length=32", "finetune.epochs=1",
+                "scaling.num_workers=1", "train.batch_size=16", "train.precision=fp32", "train.eval_every=100"]
+    # the commands in one process, its own local Ray: the session Ray's workers were started without the
     # AWS_* variables, and a job's workers take credentials from their environment as a cluster's nodes do
     script = ("import sys\nfrom albert_dist.cli import main\n"
-              f"sys.exit(main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))")
+              f"sys.exit(main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}) or main({cli_args(finetune)!r}))")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} | s3_env
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=900)
@@ -123,12 +135,19 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
 
     # the run trained from S3 and says so, without the credentials anywhere in MLflow
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
-    [run] = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    [run] = client.search_runs(experiments, filter_string="attributes.run_name = 's3run'")
     assert run.info.status == "FINISHED"
     assert run.data.params["data.prepared_dir"] == data and run.data.params["data.output"] == data
     assert client.get_metric_history(run.info.run_id, "loss")[-1].step == 6
     logged = json.dumps([run.data.params, run.data.tags]) + out.stdout + out.stderr
     assert s3_env["AWS_SECRET_ACCESS_KEY"] not in logged
+    # the fine-tuning read its files from the server, and says where they came from
+    [tuned] = client.search_runs(experiments, filter_string="attributes.run_name = 's3finetune'")
+    assert tuned.info.status == "FINISHED" and "dev_accuracy" in tuned.data.metrics
+    assert tuned.data.params["data.train"] == f"s3://{BUCKET}/task/train.csv"
+    assert s3_env["AWS_SECRET_ACCESS_KEY"] not in json.dumps([tuned.data.params, tuned.data.tags])
+    assert (tmp_path / "runs" / "s3finetune" / "model" / "model.safetensors").is_file()
     assert (tmp_path / "runs" / "s3run" / "model" / "spiece.model").read_bytes() == \
         s3.get_object(Bucket=BUCKET, Key="prepared/tokenizer/spiece.model")["Body"].read()
 
@@ -143,6 +162,32 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     s3.put_object(Bucket=BUCKET, Key=first, Body=bytes(body))
     with pytest.raises(DataError, match=rf"shard {shards[0]['path']} does not match its sha256"):
         prepared.verify_shards()
+
+
+def test_finetuning_files_are_read_from_s3_with_clear_errors(s3_env, tmp_path, monkeypatch):
+    """CSV and JSONL labelled files straight from the server; a missing or empty object is one DataError naming
+    its URI."""
+    from albert_dist.finetune.data import load_splits
+
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    s3 = s3_client(s3_env)
+    s3.create_bucket(Bucket="albert-task")
+    train, dev = single_rows(20, seed=1), single_rows(10, seed=2)
+    s3.put_object(Bucket="albert-task", Key="train.csv", Body=write_csv(tmp_path / "train.csv", train).read_bytes())
+    s3.put_object(Bucket="albert-task", Key="dev.jsonl", Body=write_jsonl(tmp_path / "dev.jsonl", dev).read_bytes())
+    s3.put_object(Bucket="albert-task", Key="empty.csv", Body=b"")
+
+    def data(**files):
+        return load_config(FinetuneJobConfig, None, [f"data.{k}=s3://albert-task/{v}" for k, v in files.items()]).data
+
+    splits = load_splits(data(train="train.csv", dev="dev.jsonl"))
+    assert splits["train"].texts == [row["text"] for row in train] and splits["dev"].labels == [r["label"] for r in dev]
+    assert splits["dev"].source == "s3://albert-task/dev.jsonl"
+    with pytest.raises(DataError, match=r"^data file not found: s3://albert-task/nothing\.csv$"):
+        load_splits(data(train="nothing.csv"))
+    with pytest.raises(DataError, match=r"^data file is empty: s3://albert-task/empty\.csv$"):
+        load_splits(data(train="train.csv", dev="empty.csv"))
 
 
 def cli_args(args: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ from albert_dist.config import (
     Section,
     TrainBase,
     TrainingJobConfig,
+    without_credentials,
 )
 
 LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")
@@ -44,7 +45,8 @@ class DistillTrainSection(FinetuneTrainSection):
 class TaskDataSection(Section):
     """Labelled text in CSV, TSV, JSONL or Parquet. Without a dev (test) file, a seeded share of train is held out."""
 
-    train: str | None = Field(None, description="Training file.")
+    train: str | None = Field(None, description="Training file: a path or a URI (s3://bucket/train.csv, gs://...; "
+                                                "credentials from the environment).")
     dev: str | None = Field(None, description="Dev file; when empty, dev_fraction of train is held out.")
     test: str | None = Field(None, description="Test file; when empty and test_fraction > 0, held out of train.")
     format: Literal["auto", "csv", "tsv", "jsonl", "parquet"] = "auto"
@@ -60,6 +62,9 @@ class TaskDataSection(Section):
     group_by_length: bool = Field(True, description="Training batches of rows of similar length (seeded mega-batches "
                                                     "sorted by length, as transformers' group_by_length): less "
                                                     "padding; false: plain random batches.")
+
+    _files_without_secrets = field_validator("train", "dev", "test")(
+        classmethod(lambda cls, value: without_credentials(value)))
 
 
 class TaskTrainingSection(Section):

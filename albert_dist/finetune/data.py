@@ -35,33 +35,44 @@ def file_format(path: str | Path, fmt: str = "auto") -> str:
     return _FORMATS[suffix]
 
 
-def read_table(path: str | Path, fmt: str = "auto") -> pa.Table:
-    """The whole file as a table; a missing, empty or unparsable file is a DataError naming it."""
+def read_table(location: str | Path, fmt: str = "auto") -> pa.Table:
+    """The whole file (a local path or a URI: s3://, gs://, file://) as a table; a missing, empty or unparsable
+    file is a DataError naming it."""
     import pyarrow.csv as pacsv
+    import pyarrow.fs as pafs
     import pyarrow.json as pajson
     import pyarrow.parquet as pq
 
-    path = Path(path)
+    from albert_dist.data.readers import filesystem
+
+    location = str(location)
+    fs, path = filesystem(location)
     kind = file_format(path, fmt)
-    if not path.is_file():
-        raise DataError(f"data file not found: {path}")
-    if path.stat().st_size == 0:
-        raise DataError(f"data file is empty: {path}")
+    try:
+        info = fs.get_file_info(path)
+    except OSError as err:  # an unreachable server or refused credentials
+        raise DataError(f"cannot read {location}: {err}") from None
+    if info.type != pafs.FileType.File:
+        raise DataError(f"data file not found: {location}")
+    if info.size == 0:
+        raise DataError(f"data file is empty: {location}")
     try:
         if kind == "parquet":
-            table = pq.read_table(path)
-        elif kind == "jsonl":
-            table = pajson.read_json(path)
+            table = pq.read_table(path, filesystem=fs)
         else:
-            parse = pacsv.ParseOptions(delimiter="\t", quote_char=False) if kind == "tsv" else None
-            table = pacsv.read_csv(path, parse_options=parse)
+            with fs.open_input_stream(path) as stream:
+                if kind == "jsonl":
+                    table = pajson.read_json(stream)
+                else:
+                    parse = pacsv.ParseOptions(delimiter="\t", quote_char=False) if kind == "tsv" else None
+                    table = pacsv.read_csv(stream, parse_options=parse)
     except (pa.ArrowInvalid, OSError) as err:
-        raise DataError(f"cannot read {path} as {kind}: {err}") from None
+        raise DataError(f"cannot read {location} as {kind}: {err}") from None
     if table.num_rows == 0:
-        raise DataError(f"data file has no rows: {path}")
+        raise DataError(f"data file has no rows: {location}")
     repeated = sorted({name for name in table.column_names if table.column_names.count(name) > 1})
     if repeated:
-        raise DataError(f"{path}: column {repeated[0]!r} appears more than once in the header")
+        raise DataError(f"{location}: column {repeated[0]!r} appears more than once in the header")
     return table
 
 
