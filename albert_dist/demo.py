@@ -187,10 +187,8 @@ def _sweep(cfg: DemoJobConfig, ft_cfg, root: Path) -> str:
         "job": ft_cfg.model_dump(), "run": {"name": "demo-sweep", "output_dir": str(root / "sweeps")},
         "search_space": {"train.learning_rate": {"loguniform": [1e-4, 1e-3]},
                          "finetune.layer_lr_decay": {"uniform": [0.7, 1.0]}},
-        # two trials at once, one worker of half a CPU each (as the other stages' workers): both cores train, and
-        # Ray Data keeps a CPU to read the trials' data
-        "num_samples": cfg.sweep_trials, "max_concurrent_trials": 2,
-        "resources_per_trial": {"num_workers": 1, "cpu": 0.5}})
+        "num_samples": cfg.sweep_trials, "max_concurrent_trials": 1,
+        "resources_per_trial": {"num_workers": 1, "cpu": 1.0}})
     return table(run_sweep(tune_cfg).rows)
 
 
