@@ -27,13 +27,14 @@ class ThreadsRecordingTask(TaskSpec):
 
 
 def test_workers_use_the_cpus_ray_reserved_as_torch_threads(tmp_path, ray_session):
-    """Two workers of half a CPU each train with one torch thread each, not with every core of the machine."""
+    """A worker of two CPUs trains with two torch threads, whatever OMP_NUM_THREADS the worker inherited (the test
+    command sets 1); one of half a CPU with one, not with every core of the machine."""
     out = tmp_path / "threads"
     out.mkdir()
     result = run_training(name="threads", storage_path=tmp_path / "ray", task=ThreadsRecordingTask(str(out)),
                           train=TrainSection(max_steps=4, warmup_steps=0, log_every=2, eval_every=4,
                                              checkpoint_every=4, precision="fp32"),
-                          scaling=ScalingSection(num_workers=2, cpus_per_worker=0.5), seed=0)
+                          scaling=ScalingSection(num_workers=1, cpus_per_worker=2), seed=0)
     assert result.metrics["step"] == 4
-    assert sorted(p.read_text() for p in out.iterdir()) == ["1", "1"]
+    assert [p.read_text() for p in out.iterdir()] == ["2"]
     assert torch_threads(ScalingSection(cpus_per_worker=3)) == 3 and torch_threads(ScalingSection()) == 1
