@@ -28,7 +28,10 @@ def start_server(store: Path, port: int) -> subprocess.Popen:
         process = subprocess.Popen(
             [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
              "--artifacts-destination", str(store / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # without the server-side job runner, as cluster/local/start.sh runs it: nothing here uses MLflow's
+            # server jobs, and the runner is one more process starting on a loaded machine
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     deadline = time.time() + 300
     while time.time() < deadline:
         # ready when the app answers, not when the port opens; a loaded 2-core machine can take seconds to answer

@@ -190,16 +190,16 @@ def test_metrics_survive_an_mlflow_outage_and_a_worker_killed_during_it(prepared
     watcher = threading.Thread(target=outage)
     watcher.start()
     try:
-        outcome = pretrain(load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "outage", 400) + [
-            f"tracking.tracking_uri={uri}", "train.log_every=2", "train.eval_every=200", "train.checkpoint_every=20",
+        outcome = pretrain(load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "outage", 160) + [
+            f"tracking.tracking_uri={uri}", "train.log_every=2", "train.eval_every=80", "train.checkpoint_every=20",
             "train.max_failures=2"]))
         watcher.join()
         assert "error" not in seen, seen.get("error")
         assert seen["killed"] and len(seen["pending"]) >= 2
-        assert outcome.metrics["step"] == 400 and outcome.metrics["resumed_from_step"] >= 20
+        assert outcome.metrics["step"] == 160 and outcome.metrics["resumed_from_step"] >= 20
         client = MlflowClient(outcome.tracking_uri)
-        assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "loss")) == list(range(2, 401, 2))
-        assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "eval_loss")) == [200, 400]
+        assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "loss")) == list(range(2, 161, 2))
+        assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "eval_loss")) == [80, 160]
         assert json.loads(state_file.read_text())["pending"] == []
     finally:
         watcher.join()
