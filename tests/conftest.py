@@ -65,7 +65,7 @@ def release_leftover_placement_groups():
     """Remove placement groups that earlier tests' trainers left in the session's Ray.
 
     A trial stopped by Tune's scheduler or a worker group torn down by a fault can leave its placement group
-    reserved when Ray Train's cleaner cannot reach the state API (no dashboard in tests); the CPUs it holds
+    reserved when Ray Train's placement-group cleaner does not get to it; the CPUs it holds
     would starve the next test's Ray Data and Ray Train (an ASHA sweep's leftovers starved the killed-sweep test).
     Nothing of an earlier test runs any more when the next one starts.
     """
