@@ -71,7 +71,8 @@ def start_local_ray(**init_kwargs: Any):
     # path does), so that a shell's RAY_AUTH_MODE=disabled or an earlier start's token cannot win
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
-    runtime_env = {**init_kwargs.pop("runtime_env", {}),
+    runtime_env = init_kwargs.pop("runtime_env", {})
+    runtime_env = {**runtime_env, "env_vars": {**_local_train_settings(), **runtime_env.get("env_vars", {})},
                    "worker_process_setup_hook": "albert_dist.ray_init.prepare_local_worker"}
     for attempt in range(STARTS):
         try:
@@ -82,6 +83,14 @@ def start_local_ray(**init_kwargs: Any):
                 raise
             ray.shutdown()
             print("local Ray: its node did not come up in time (a busy machine?); starting it again", flush=True)
+
+
+def _local_train_settings() -> dict[str, str]:
+    """Ray Train settings for a Ray on one machine, unless the caller's environment sets them: no preemption
+    watcher, an actor per training run that polls for node drains, which one machine never has (it costs ~5 CPU
+    seconds to start each run, a seventh of a small run's start-up on 2 cores)."""
+    settings = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    return {name: value for name, value in settings.items() if name not in os.environ}
 
 
 def prepare_local_worker() -> None:
