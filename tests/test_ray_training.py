@@ -40,7 +40,7 @@ def test_workers_use_the_cpus_ray_reserved_as_torch_threads(tmp_path, ray_sessio
     assert torch_threads(ScalingSection(cpus_per_worker=3)) == 3 and torch_threads(ScalingSection()) == 1
 
 
-def test_a_local_ray_runs_training_without_a_preemption_watcher(tmp_path, ray_session):
+def test_a_local_ray_runs_training_without_a_preemption_watcher(tmp_path, ray_session, monkeypatch):
     """The local Ray (ray_init.start_local_ray, as the commands and this session start it) turns off Ray Train's
     preemption watcher, one actor per run that one machine has no use for; the run itself is as before."""
     from ray.util.state import list_actors
@@ -50,6 +50,8 @@ def test_a_local_ray_runs_training_without_a_preemption_watcher(tmp_path, ray_se
                                              checkpoint_every=2, precision="fp32"),
                           scaling=ScalingSection(num_workers=1, cpus_per_worker=0.5), seed=0)
     assert result.metrics["step"] == 2
-    address = ray_session.get_runtime_context().gcs_address
-    classes = {actor.class_name for actor in list_actors(address=address, limit=10_000)}
+    # the state API takes $RAY_ADDRESS over its argument, and "local" (conftest's) is ambiguous beside the other
+    # pytest process's Ray: point it at this session's
+    monkeypatch.setenv("RAY_ADDRESS", ray_session.get_runtime_context().gcs_address)
+    classes = {actor.class_name for actor in list_actors(limit=10_000)}
     assert "TrainController" in classes and "PreemptionWatcher" not in classes, classes
