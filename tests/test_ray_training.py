@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
 from albert_dist.config import ScalingSection, TrainSection
@@ -26,30 +27,33 @@ class ThreadsRecordingTask(TaskSpec):
         return KeywordTask()
 
 
-def test_workers_use_the_cpus_ray_reserved_as_torch_threads(tmp_path, ray_session):
-    """A worker of two CPUs trains with two torch threads, whatever OMP_NUM_THREADS the worker inherited (the test
-    command sets 1); one of half a CPU with one, not with every core of the machine."""
-    out = tmp_path / "threads"
+@pytest.fixture(scope="module")
+def two_cpu_run(tmp_path_factory, ray_session):
+    """One 4-step run on one worker of 2 CPUs in the session's local Ray; each worker records its torch threads."""
+    root = tmp_path_factory.mktemp("threads")
+    out = root / "threads"
     out.mkdir()
-    result = run_training(name="threads", storage_path=tmp_path / "ray", task=ThreadsRecordingTask(str(out)),
+    result = run_training(name="threads", storage_path=root / "ray", task=ThreadsRecordingTask(str(out)),
                           train=TrainSection(max_steps=4, warmup_steps=0, log_every=2, eval_every=4,
                                              checkpoint_every=4, precision="fp32"),
                           scaling=ScalingSection(num_workers=1, cpus_per_worker=2), seed=0)
+    return result, out
+
+
+def test_workers_use_the_cpus_ray_reserved_as_torch_threads(two_cpu_run):
+    """A worker of two CPUs trains with two torch threads, whatever OMP_NUM_THREADS the worker inherited (the test
+    command sets 1); one of half a CPU with one, not with every core of the machine."""
+    result, out = two_cpu_run
     assert result.metrics["step"] == 4
     assert [p.read_text() for p in out.iterdir()] == ["2"]
     assert torch_threads(ScalingSection(cpus_per_worker=3)) == 3 and torch_threads(ScalingSection()) == 1
 
 
-def test_a_local_ray_runs_training_without_a_preemption_watcher(tmp_path, ray_session, monkeypatch):
+def test_a_local_ray_runs_training_without_a_preemption_watcher(two_cpu_run, ray_session, monkeypatch):
     """The local Ray (ray_init.start_local_ray, as the commands and this session start it) turns off Ray Train's
-    preemption watcher, one actor per run that one machine has no use for; the run itself is as before."""
+    preemption watcher, one actor per run that one machine has no use for."""
     from ray.util.state import list_actors
 
-    result = run_training(name="watchless", storage_path=tmp_path / "ray", task=ThreadsRecordingTask(str(tmp_path)),
-                          train=TrainSection(max_steps=2, warmup_steps=0, log_every=2, eval_every=2,
-                                             checkpoint_every=2, precision="fp32"),
-                          scaling=ScalingSection(num_workers=1, cpus_per_worker=0.5), seed=0)
-    assert result.metrics["step"] == 2
     # the state API takes $RAY_ADDRESS over its argument, and "local" (conftest's) is ambiguous beside the other
     # pytest process's Ray: point it at this session's
     monkeypatch.setenv("RAY_ADDRESS", ray_session.get_runtime_context().gcs_address)
