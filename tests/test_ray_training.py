@@ -52,10 +52,13 @@ def test_workers_use_the_cpus_ray_reserved_as_torch_threads(two_cpu_run):
 def test_a_local_ray_runs_training_without_a_preemption_watcher(two_cpu_run, ray_session, monkeypatch):
     """The local Ray (ray_init.start_local_ray, as the commands and this session start it) turns off Ray Train's
     preemption watcher, one actor per run that one machine has no use for."""
+    from ray._private.worker import get_dashboard_url
     from ray.util.state import list_actors
 
-    # the state API takes $RAY_ADDRESS over its argument, and "local" (conftest's) is ambiguous beside the other
-    # pytest process's Ray: point it at this session's
-    monkeypatch.setenv("RAY_ADDRESS", ray_session.get_runtime_context().gcs_address)
-    classes = {actor.class_name for actor in list_actors(limit=10_000)}
-    assert "TrainController" in classes and "PreemptionWatcher" not in classes, classes
+    # the state API takes $RAY_API_SERVER_ADDRESS over $RAY_ADDRESS over its argument: name this session's
+    # dashboard itself, not an address to resolve beside the other pytest process's Ray and the clusters tests start
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", f"http://{get_dashboard_url()}")
+    job = ray_session.get_runtime_context().get_job_id()
+    classes = sorted({actor.class_name for actor in list_actors(filters=[("job_id", "=", job)], limit=10_000)})
+    assert "TrainController" in classes, classes
+    assert "PreemptionWatcher" not in classes, classes
