@@ -100,6 +100,8 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     splits = {split: MemorySplit(data.shard_paths("train")) for split, data in trained.items()}
     splits["eval"] = MemorySplit(prepared.shard_paths("eval"))
     task = pretraining_spec(cfg, prepared, data_dir, phases=phases).build(0, 1, dataset=lambda split: splits[split])
+    if args.eval_masking:
+        evaluate_with_masking(task, prepared.manifest, shlex.split(args.eval_masking))
     curve: list[dict] = []
     started = time.perf_counter()
 
@@ -121,6 +123,24 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
                for metric, targets in THRESHOLDS.items() for t in targets}
     return {"arm": name, "overrides": overrides, "status": result["status"], "token_slots": token_slots,
             "seconds": round(time.perf_counter() - started, 1), "reached": reached, "curve": curve}
+
+
+def evaluate_with_masking(task, manifest: dict, overrides: list[str]) -> None:
+    """Make `task` evaluate with the masking `overrides` give (e.g. single-token masks, as transformers' MLM
+    collator draws them) while it trains with its own."""
+    from albert_dist.data.masking import MaskingCollator
+
+    eval_collator = MaskingCollator.from_manifest(manifest, load_config(PretrainJobConfig, None, overrides).masking)
+    train_collator, eval_batches = task.collator, task.eval_batches
+
+    def masked_for_evaluation():
+        task.collator = eval_collator
+        try:
+            yield from eval_batches()
+        finally:
+            task.collator = train_collator
+
+    task.eval_batches = masked_for_evaluation
 
 
 def first_step_sizes(data_dir: Path, args) -> None:
@@ -189,6 +209,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--eval-masking", metavar="OVERRIDES",
+                        help="evaluate every arm with these masking.* overrides instead of its own masking")
     parser.add_argument("--arm", action="append", required=True, metavar="NAME=OVERRIDES",
                         help="an arm: its name and space-separated --set overrides")
     parser.add_argument("--out", help="write the results as JSON here")
