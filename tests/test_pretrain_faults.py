@@ -1,6 +1,6 @@
-"""Pretraining under faults injected for real: the driver killed, a worker SIGKILLed, the latest checkpoint
-corrupted, the MLflow server down, the disk full, a shard changed, a relaunch with other settings. Apart from
-test_pretrain.py so that the two run side by side (pytest-xdist gives each process whole files)."""
+"""Pretraining under faults injected for real: the driver killed; training workers SIGKILLed while the MLflow
+server is down; the latest checkpoint corrupted; the disk full; a shard changed; a relaunch with other settings.
+Apart from test_pretrain.py so that the two run side by side (pytest-xdist gives each process whole files)."""
 
 from __future__ import annotations
 
@@ -100,71 +100,63 @@ def train_worker_pids() -> list[int]:
     return [int(p) for p in out.split() if int(p) in mine]
 
 
+class TrackingServer:
+    """A real `mlflow server` that a test stops and starts again on the same port and store."""
+
+    def __init__(self, store: Path):
+        from mlflow_server import free_port
+
+        self.store, self.port = store, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process = None
+        self.start()
+
+    def start(self) -> None:
+        from mlflow_server import start_server
+
+        if self.process is None or self.process.poll() is not None:
+            self.process = start_server(self.store, self.port)
+
+    def stop(self) -> None:
+        from mlflow_server import stop_server
+
+        if self.process.poll() is None:
+            stop_server(self.process)
+
+
 @pytest.fixture(scope="module")
-def faulted(prepared, baseline):
-    """A run one of whose training workers is SIGKILLed (from outside, by pid) after the first checkpoint."""
-    killed: list[int] = []
-
-    def kill_a_worker() -> None:
-        if _wait_for_checkpoint(prepared / "faulted") and (pids := train_worker_pids()):
-            os.kill(pids[-1], signal.SIGKILL)
-            killed.append(pids[-1])
-
-    killer = threading.Thread(target=kill_a_worker)
-    killer.start()
-    outcome = resume_run(prepared, "faulted", "train.max_failures=2", STREAMED)
-    killer.join()
-    return outcome, killed
+def tracking_server(tmp_path_factory):
+    server = TrackingServer(tmp_path_factory.mktemp("mlflow"))
+    yield server
+    server.stop()
 
 
-def test_killed_worker_is_restarted_from_the_checkpoint(prepared, baseline, faulted):
+def faulted_run(prepared: Path, server: TrackingServer, *extra: str):
+    """The `faulted` run (launched again by later tests): streamed, metrics every 2 steps to the real server."""
+    return resume_run(prepared, "faulted", STREAMED, "train.max_failures=2", "train.log_every=2",
+                      f"tracking.tracking_uri={server.uri}", *extra)
+
+
+@pytest.fixture(scope="module")
+def faulted(prepared, baseline, tracking_server):
+    """A run whose tracking server is stopped once its first metrics are in; while the server is down, after the
+    first checkpoint and with metrics pending, all its training workers are SIGKILLed (from outside, by pid);
+    then the server comes back. Returns the outcome and what the outage saw (or the error that stopped it)."""
     from mlflow.tracking import MlflowClient
-
-    outcome, killed = faulted
-    assert killed, "no worker was killed"
-    assert outcome.metrics["resumed_from_step"] > 0  # restarted from the checkpoint, not from scratch
-    assert outcome.metrics["step"] == RESUME_STEPS
-    assert_same_weights(baseline, final_weights(prepared / "faulted"))
-    client = MlflowClient(outcome.tracking_uri)
-    for metric in ("loss", "tokens_per_s", "eval_sop_accuracy"):
-        steps = [m.step for m in client.get_metric_history(outcome.run_id, metric)]
-        assert steps and len(steps) == len(set(steps)), f"{metric} logged twice at some step: {sorted(steps)}"
-
-
-def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseline, faulted):
-    latest = max(checkpoints(prepared / "faulted"), key=lambda p: json.loads((p / "manifest.json").read_text())["step"])
-    state = latest / "training_state.pt"
-    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # truncated
-
-    outcome = resume_run(prepared, "faulted", "train.max_failures=2", STREAMED)
-    assert outcome.metrics["resumed_from_step"] == RESUME_STEPS - 10  # the checkpoint before the corrupted one
-    assert outcome.metrics["step"] == RESUME_STEPS
-    assert_same_weights(baseline, final_weights(prepared / "faulted"))
-
-
-def test_metrics_survive_an_mlflow_outage_and_a_worker_killed_during_it(prepared, ray_session, tmp_path):
-    """A real training run against a real `mlflow server`: the server is stopped once the first metrics are in,
-    the training workers are SIGKILLed while it is down (after the first checkpoint, with metrics pending), then
-    the server comes back. Every logged step arrives exactly once."""
-    from mlflow.tracking import MlflowClient
-    from mlflow_server import free_port, start_server, stop_server
 
     from albert_dist.metrics_log import STATE_FILE
-    from albert_dist.pretrain import pretrain
     from albert_dist.tracking import RUN_ID_FILE
 
-    port, store = free_port(), tmp_path / "mlflow"
-    store.mkdir()
-    server = {"process": start_server(store, port)}
-    uri, run_dir = f"http://127.0.0.1:{port}", prepared / "outage"
-    state_file = run_dir / "ray" / "outage" / STATE_FILE
-    seen: dict[str, object] = {}
+    run_dir = prepared / "faulted"
+    state_file = run_dir / "ray" / "faulted" / STATE_FILE
+    ended, seen = threading.Event(), {}
 
-    def wait_for(condition, what: str, timeout: float = 300) -> None:
-        deadline = time.time() + timeout
+    def wait_for(condition, what: str) -> None:
+        deadline = time.time() + 300
         while not condition():
+            assert not ended.is_set(), f"the run ended before {what}"
             assert time.time() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     def pending_steps() -> set[int]:
         try:
@@ -176,35 +168,59 @@ def test_metrics_survive_an_mlflow_outage_and_a_worker_killed_during_it(prepared
         try:
             wait_for(lambda: (run_dir / RUN_ID_FILE).is_file(), "the MLflow run")
             run_id = (run_dir / RUN_ID_FILE).read_text().strip()
-            wait_for(lambda: len(MlflowClient(uri).get_metric_history(run_id, "loss")) >= 2, "the first metrics")
-            stop_server(server["process"])
+            client = MlflowClient(tracking_server.uri)
+            wait_for(lambda: client.get_metric_history(run_id, "loss"), "the first metrics")
+            tracking_server.stop()
             wait_for(lambda: checkpoints(run_dir) and len(pending_steps()) >= 2, "a checkpoint and pending metrics")
             seen["pending"] = pending_steps()
             seen["killed"] = train_worker_pids()
             for pid in seen["killed"]:
                 os.kill(pid, signal.SIGKILL)
-            server["process"] = start_server(store, port)
-        except BaseException as err:  # noqa: BLE001 - reported by the test's thread below
+        except BaseException as err:  # noqa: BLE001 - reported by the tests
             seen["error"] = err
+        finally:
+            tracking_server.start()
 
     watcher = threading.Thread(target=outage)
     watcher.start()
     try:
-        outcome = pretrain(load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "outage", 160) + [
-            f"tracking.tracking_uri={uri}", "train.log_every=2", "train.eval_every=80", "train.checkpoint_every=20",
-            "train.max_failures=2"]))
-        watcher.join()
-        assert "error" not in seen, seen.get("error")
-        assert seen["killed"] and len(seen["pending"]) >= 2
-        assert outcome.metrics["step"] == 160 and outcome.metrics["resumed_from_step"] >= 20
-        client = MlflowClient(outcome.tracking_uri)
-        assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "loss")) == list(range(2, 161, 2))
-        assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "eval_loss")) == [80, 160]
-        assert json.loads(state_file.read_text())["pending"] == []
+        outcome = faulted_run(prepared, tracking_server)
     finally:
+        ended.set()
         watcher.join()
-        if server["process"].poll() is None:
-            stop_server(server["process"])
+    return outcome, seen, state_file
+
+
+def test_workers_killed_during_an_mlflow_outage_resume_exactly_and_lose_no_metric(prepared, baseline, faulted):
+    """Every logged step arrives exactly once: those pending when the workers died (read back from the run's
+    storage) and those the restarted workers train again after the checkpoint (not logged twice)."""
+    from mlflow.tracking import MlflowClient
+
+    outcome, seen, state_file = faulted
+    assert "error" not in seen, seen["error"]
+    assert seen["killed"], "no worker was killed"
+    assert len(seen["pending"]) >= 2
+    assert outcome.metrics["resumed_from_step"] > 0  # restarted from the checkpoint, not from scratch
+    assert outcome.metrics["step"] == RESUME_STEPS
+    assert_same_weights(baseline, final_weights(prepared / "faulted"))
+    client = MlflowClient(outcome.tracking_uri)
+    assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "loss")) == list(
+        range(2, RESUME_STEPS + 1, 2))
+    assert [m.step for m in client.get_metric_history(outcome.run_id, "eval_loss")] == [RESUME_STEPS]
+    steps = [m.step for m in client.get_metric_history(outcome.run_id, "tokens_per_s")]
+    assert steps and len(steps) == len(set(steps)), f"tokens_per_s logged twice at some step: {sorted(steps)}"
+    assert json.loads(state_file.read_text())["pending"] == []
+
+
+def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseline, faulted, tracking_server):
+    latest = max(checkpoints(prepared / "faulted"), key=lambda p: json.loads((p / "manifest.json").read_text())["step"])
+    state = latest / "training_state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # truncated
+
+    outcome = faulted_run(prepared, tracking_server)
+    assert outcome.metrics["resumed_from_step"] == RESUME_STEPS - 10  # the checkpoint before the corrupted one
+    assert outcome.metrics["step"] == RESUME_STEPS
+    assert_same_weights(baseline, final_weights(prepared / "faulted"))
 
 
 @pytest.fixture
@@ -283,7 +299,7 @@ def test_a_shard_changed_since_preparation_stops_pretraining_before_it_starts(pr
     assert not (prepared / "damaged" / "ray").exists()  # stopped before training
 
 
-def test_relaunch_with_other_settings_or_data_is_refused_unless_allowed(prepared, faulted):
+def test_relaunch_with_other_settings_or_data_is_refused_unless_allowed(prepared, faulted, tracking_server):
     """The `faulted` run is complete (30 steps): a relaunch that changed the learning rate or the data would
     continue its optimizer state under new settings; with run.resume_changes=allow it resumes and says so."""
     import pyarrow.parquet as pq
@@ -293,7 +309,7 @@ def test_relaunch_with_other_settings_or_data_is_refused_unless_allowed(prepared
     from albert_dist.train.ray_runner import ChangedRelaunch
 
     with pytest.raises(ChangedRelaunch, match=r"train\.learning_rate 0\.003 → 0\.004"):
-        resume_run(prepared, "faulted", STREAMED, "train.learning_rate=4e-3")
+        faulted_run(prepared, tracking_server, "train.learning_rate=4e-3")
 
     # the data prepared again in another order: valid shards, checksums to match, other batches
     changed = _copy_of_the_data(prepared, "prepared_reordered")
@@ -304,9 +320,9 @@ def test_relaunch_with_other_settings_or_data_is_refused_unless_allowed(prepared
     manifest["splits"]["train"]["shards"][0]["sha256"] = sha256_file(shard)
     (changed / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ChangedRelaunch, match="the prepared data"):
-        resume_run(prepared, "faulted", STREAMED, "data.output=prepared_reordered")
+        faulted_run(prepared, tracking_server, "data.output=prepared_reordered")
 
-    outcome = resume_run(prepared, "faulted", STREAMED, "train.max_steps=40", "run.resume_changes=allow")
+    outcome = faulted_run(prepared, tracking_server, "train.max_steps=40", "run.resume_changes=allow")
     assert outcome.metrics["resumed_from_step"] == RESUME_STEPS and outcome.metrics["step"] == 40
     run = MlflowClient(outcome.tracking_uri).get_run(outcome.run_id)
     assert run.data.tags[f"albert_dist.resume_changes.step_{RESUME_STEPS}"] == "train.max_steps 30 → 40"
