@@ -62,6 +62,8 @@ def publish_file(path: str | Path, write: Callable[[Path], object], *,
         with disk_full_errors(str(path), error), tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp:
             write(Path(tmp, "file"))
             fs, target = _filesystem(path)
+            if fs.type_name == "local":  # a file:// URI: its directory may not exist yet (object stores have none)
+                fs.create_dir(target.rpartition("/")[0], recursive=True)
             with open(Path(tmp, "file"), "rb") as source, fs.open_output_stream(target) as out:
                 shutil.copyfileobj(source, out, 1 << 20)
         return path

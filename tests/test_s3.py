@@ -287,7 +287,7 @@ def test_a_directory_published_to_a_uri_is_fetched_whole_or_refused(tmp_path, mo
     `published.json`, written last; `fetch_dir` downloads it into the staging directory and refuses a directory
     without the marker (an upload cut off) or with a file changed since; a republish replaces the local copy."""
     from albert_dist.errors import CheckpointError
-    from albert_dist.files import PUBLISHED, fetch_dir, publish_dir
+    from albert_dist.files import PUBLISHED, fetch_dir, publish_dir, publish_text, read_bytes
 
     monkeypatch.setenv("ALBERT_DIST_STAGING", str(tmp_path / "staging"))
     uri = f"file://{tmp_path}/bucket/run/model"
@@ -305,3 +305,10 @@ def test_a_directory_published_to_a_uri_is_fetched_whole_or_refused(tmp_path, mo
     (tmp_path / "bucket" / "run" / "model" / PUBLISHED).unlink()
     with pytest.raises(CheckpointError, match=f"has no {PUBLISHED}: not published, or its upload was cut off"):
         fetch_dir(uri)
+    # single files (the metrics state, the MLflow run id) are one object each, read back whole
+    state = f"file://{tmp_path}/bucket/run/ray/run/tracked_metrics.json"
+    publish_text(state, "{}")
+    publish_text(state, '{"last_step": 3}')
+    assert read_bytes(state) == b'{"last_step": 3}'
+    with pytest.raises(FileNotFoundError):
+        read_bytes(f"file://{tmp_path}/bucket/run/mlflow_run_id")
