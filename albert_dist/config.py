@@ -29,16 +29,24 @@ class OutputSection(Section):
     key_hints = {"name": "data preparation writes to data.output, under run.output_dir",
                  "seed": "data preparation is seeded by data.seed"}
 
+    #: whether run.output_dir may be a URI (pretraining and fine-tuning, `StoredRunSection`)
+    uri_output: ClassVar[bool] = False
+
     output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store: "
-                                                "a local or mounted path (data.output may be a URI).")
+                                                "a local or mounted path (data.output may be a URI; pretrain and "
+                                                "finetune also take an s3:// or gs:// URI here).")
 
     @field_validator("output_dir")
     @classmethod
     def _local_output_dir(cls, output_dir: str) -> str:
         if is_uri(output_dir):
+            if cls.uri_output:
+                _refuse_uri_credentials(output_dir)
+                return output_dir
             raise ValueError("a URI, but the run directory (its lock file, checkpoints, models, the default MLflow "
                              "SQLite store) is written with local file operations: give a local path or a mount "
-                             "every node shares (NFS, EFS, Filestore); data.output may be an s3:// or gs:// URI")
+                             "every node shares (NFS, EFS, Filestore); data.output may be an s3:// or gs:// URI, "
+                             "and pretrain and finetune take one as run.output_dir")
         return output_dir
 
 
@@ -64,7 +72,24 @@ class RunSection(OutputSection):
 
     @property
     def run_dir(self) -> Path:
+        """The run's local directory: its home for a local output_dir; for a URI one, its local staging directory
+        (`staging_dir`: the driver's lock, scratch files and a copy of the published model)."""
+        if is_uri(self.output_dir):
+            return staging_dir(self.locate())
         return resolve_path(self.output_dir) / self.name
+
+    def locate(self, *parts: str) -> Path | str:
+        """Where `parts` live in the run's durable home `output_dir/name`: a local Path, or a URI string."""
+        if is_uri(self.output_dir):
+            return join_location(self.output_dir, self.name, *parts)
+        return self.run_dir.joinpath(*parts)
+
+
+class StoredRunSection(RunSection):
+    """The `run:` of pretraining and fine-tuning, whose run directory may be a URI (`s3://bucket/prefix`): Ray
+    Train stores the checkpoints there, the workers their metrics state, the jobs their models and MLflow run id."""
+
+    uri_output = True
 
 
 class PretrainedModelSection(Section):
@@ -385,6 +410,10 @@ class TrackingSection(Section):
             return self.tracking_uri
         if os.environ.get("MLFLOW_TRACKING_URI"):
             return os.environ["MLFLOW_TRACKING_URI"]
+        if is_uri(output_dir):
+            raise ConfigError(f"run.output_dir is a URI ({output_dir}) and no MLflow store is set: the default "
+                              f"SQLite file cannot live in object storage. Set tracking.tracking_uri (or "
+                              f"$MLFLOW_TRACKING_URI) to a server or database every launch of the run reaches")
         db = resolve_path(output_dir) / "mlflow.db"
         db.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{db}"
@@ -424,6 +453,7 @@ class TrainingJobConfig(Section):
 class PretrainJobConfig(TrainingJobConfig):
     """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
 
+    run: StoredRunSection = Field(default_factory=StoredRunSection)
     model: ModelSection = Field(default_factory=ModelSection)
     data: PretrainDataSection = Field(default_factory=PretrainDataSection)
     masking: MaskingSection = Field(default_factory=MaskingSection)
@@ -467,8 +497,9 @@ def is_uri(path: str | Path) -> bool:
 def local_path(value: str | None) -> str | None:
     """A field validator's check for paths read with local file operations (model and tokenizer directories)."""
     if value is not None and is_uri(value):
-        raise ValueError("a URI, but this is read from a local or mounted path (data.output, data.inputs and "
-                         "fine-tuning's data files take URIs)")
+        raise ValueError("a URI, but this is read from a local or mounted path (data.output, data.inputs, "
+                         "fine-tuning's data files and model.init_from, pretrain's and finetune's run.output_dir "
+                         "take URIs)")
     return value
 
 
@@ -477,6 +508,24 @@ def without_credentials(value: str | None) -> str | None:
     if value is not None:
         _refuse_uri_credentials(value)
     return value
+
+
+def join_location(base: str | Path, *parts: str) -> Path | str:
+    """`base/part/...`: a Path for a local `base`; for a URI, its path extended (`s3://b/x?region=r` and `y`:
+    `s3://b/x/y?region=r`)."""
+    if not is_uri(base):
+        return Path(base).joinpath(*parts)
+    split = urllib.parse.urlsplit(str(base))
+    return urllib.parse.urlunsplit(split._replace(path="/".join([split.path.rstrip("/"), *parts])))
+
+
+def staging_dir(location: str) -> Path:
+    """The local directory of a URI `location` (a run's, a model's, a checkpoint's): its staging and download
+    cache, `$ALBERT_DIST_STAGING/<scheme>/<bucket>/<key>`, by default under `$XDG_CACHE_HOME/albert-dist` (else
+    ~/.cache/albert-dist). The same on every launch on a host: a relaunch finds its lock and downloads there."""
+    root = os.environ.get("ALBERT_DIST_STAGING") or Path(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "albert-dist"
+    return Path(root, urllib.parse.urlsplit(location).scheme, *uri_path(location).strip("/").split("/"))
 
 
 def uri_path(uri: str) -> str:

@@ -1,5 +1,6 @@
 """Small file helpers: checksums, and publishing a file or a directory so that readers see the old or the new
-one, complete, at every moment.
+one, complete, at every moment; the same for locations in object storage (`s3://`, `gs://`, through pyarrow's
+filesystems), and reading them back.
 
 A publish writes a temporary copy beside its target, named `.TARGET.publish.HOST.PID.UUID`, then renames it over
 the target. Each publish first removes the copies earlier publishes of the same target left behind when their
@@ -15,19 +16,24 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from albert_dist.errors import AlbertDistError, disk_full_errors
+from albert_dist.config import is_uri, join_location, staging_dir
+from albert_dist.errors import AlbertDistError, CheckpointError, disk_full_errors
 
+#: written last into a directory published to a URI (`publishing_dir`): its files and their sha256
+PUBLISHED = "published.json"
 _HOST = socket.gethostname()
 _IN_FLIGHT: set[str] = set()  # this process's temporary copies still being written (other threads' included)
 _IN_FLIGHT_LOCK = threading.Lock()
@@ -48,9 +54,19 @@ def sha256_stream(stream: BinaryIO) -> str:
 
 
 def publish_file(path: str | Path, write: Callable[[Path], object], *,
-                 error: type[AlbertDistError] = AlbertDistError) -> Path:
+                 error: type[AlbertDistError] = AlbertDistError) -> Path | str:
     """`write(tmp)` creates a file at `tmp` beside `path`; it is fsynced and renamed over `path`. A full disk is
-    reported as one `error` naming `path`; on any failure `path` keeps what it held."""
+    reported as one `error` naming `path`; on any failure `path` keeps what it held. A URI `path` gets the file
+    written locally, then uploaded as one object (an object store replaces an object whole)."""
+    if is_uri(path):
+        with disk_full_errors(str(path), error), tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp:
+            write(Path(tmp, "file"))
+            fs, target = _filesystem(path)
+            if fs.type_name == "local":  # a file:// URI: its directory may not exist yet (object stores have none)
+                fs.create_dir(target.rpartition("/")[0], recursive=True)
+            with open(Path(tmp, "file"), "rb") as source, fs.open_output_stream(target) as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+        return path
     path = Path(path)
     with disk_full_errors(str(path), error), _temporary(path) as tmp:
         write(tmp)
@@ -68,17 +84,28 @@ def publish_text(path: str | Path, text: str, **kwargs) -> Path:
 
 
 def publish_dir(target: str | Path, write: Callable[[Path], object], *,
-                error: type[AlbertDistError] = AlbertDistError) -> Path:
+                error: type[AlbertDistError] = AlbertDistError) -> Path | str:
     """`write(staging)` fills an empty staging directory beside `target`, which then replaces `target`."""
     with publishing_dir(target, error=error) as staging:
         write(staging)
-    return Path(target)
+    return target if is_uri(target) else Path(target)
 
 
 @contextlib.contextmanager
 def publishing_dir(target: str | Path, *, error: type[AlbertDistError] = AlbertDistError) -> Iterator[Path]:
     """An empty staging directory beside `target`; when the block ends without an exception, its files are
-    fsynced and it replaces `target` (see `_swap_in`), else it is removed and `target` keeps what it held."""
+    fsynced and it replaces `target` (see `_swap_in`), else it is removed and `target` keeps what it held.
+
+    A URI `target` is staged in a local temporary directory and uploaded with `PUBLISHED` (its files' sha256)
+    written last: object stores rename nothing atomically, so `fetch_dir` takes the directory as published only
+    once that marker is there and every file matches it."""
+    if is_uri(target):
+        with disk_full_errors(str(target), error), tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp:
+            yield Path(tmp)
+            files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+            Path(tmp, PUBLISHED).write_text(json.dumps({"files": files}, indent=1))
+            upload_dir(Path(tmp), str(target), last=PUBLISHED)
+        return
     target = Path(target)
     with disk_full_errors(str(target), error), _temporary(target) as staging:
         staging.mkdir()
@@ -177,3 +204,72 @@ def _swap_in(staging: Path, target: Path) -> None:
         os.rename(target, aside)
     os.rename(staging, target)
     _remove(aside)
+
+
+def _filesystem(location: str | Path):
+    from albert_dist.data.readers import filesystem  # imported here: the data package imports this module
+
+    return filesystem(str(location))
+
+
+def read_bytes(location: str | Path) -> bytes:
+    """The content of a local file or of an object at a URI; FileNotFoundError when there is none."""
+    if not is_uri(location):
+        return Path(location).read_bytes()
+    import pyarrow.fs as pafs
+
+    fs, path = _filesystem(location)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        raise FileNotFoundError(str(location))
+    with fs.open_input_stream(path) as stream:
+        return stream.read()
+
+
+def upload_dir(stage: Path, location: str, *, last: str) -> None:
+    """Replace what is under the URI `location` with the files of `stage`, `stage/last` last: object stores rename
+    nothing atomically (a "move" of a prefix copies object by object), but readers take the directory through
+    `last` (a dataset's manifest, a model's `PUBLISHED`), so the old one stops being complete before anything of
+    it is replaced, and the new one becomes complete with its last object. An upload that fails half-way leaves
+    no `last`."""
+    import pyarrow.fs as pafs
+
+    fs, path = _filesystem(location)
+    if fs.get_file_info(f"{path}/{last}").type == pafs.FileType.File:
+        fs.delete_file(f"{path}/{last}")
+    fs.delete_dir_contents(path, missing_dir_ok=True)  # the old files (the new directory may have fewer)
+    for part in sorted(stage.iterdir(), key=lambda p: p.name == last):
+        if part.is_dir():
+            fs.create_dir(f"{path}/{part.name}")  # a local file:// target needs it; on S3 an empty marker
+        pafs.copy_files(str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=fs)
+
+
+def download_dir(location: str, *, complete: str) -> Path:
+    """A local copy of the directory at the URI `location`, in its staging directory (`config.staging_dir`),
+    downloaded unless the copy there already has the same `complete` file (the directory's manifest or
+    `PUBLISHED`), which must exist at `location`: without it the directory is incomplete (CheckpointError)."""
+    import pyarrow.fs as pafs
+
+    try:
+        marker = read_bytes(join_location(location, complete))
+    except FileNotFoundError:
+        raise CheckpointError(f"{location} has no {complete}: not published, or its upload was cut off") from None
+    local = staging_dir(location)
+    if (local / complete).is_file() and (local / complete).read_bytes() == marker:
+        return local
+    fs, path = _filesystem(location)
+    publish_dir(local, lambda d: pafs.copy_files(path, str(d), source_filesystem=fs,
+                                                 destination_filesystem=pafs.LocalFileSystem()))
+    return local
+
+
+def fetch_dir(location: str | Path) -> Path:
+    """A directory `publishing_dir` published, as a local path: a local one as it is; a URI's downloaded to its
+    staging directory and checked against its `PUBLISHED` file (CheckpointError naming what does not match)."""
+    if not is_uri(location):
+        return Path(location)
+    local = download_dir(str(location), complete=PUBLISHED)
+    for name, digest in json.loads((local / PUBLISHED).read_text())["files"].items():
+        if not (local / name).is_file() or sha256_file(local / name) != digest:
+            raise CheckpointError(f"{location}: {name} does not match what was published (changed or cut off)")
+    return local

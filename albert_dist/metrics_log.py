@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.errors import AlbertDistError
-from albert_dist.files import publish_text
+from albert_dist.files import publish_text, read_bytes
 
-#: the logger's state file, in the run's storage directory
+#: the logger's state file, in the run's storage directory (a local path, or a URI: where a worker restarted on
+#: another node finds it)
 STATE_FILE = "tracked_metrics.json"
 
 #: MLflow error codes of a request that will never succeed however often it is retried
@@ -40,7 +41,7 @@ class MetricsLogger:
     """
 
     def __init__(self, tracking_uri: str, run_id: str, max_buffer: int = 100_000, skip_replayed: bool = False,
-                 progress_metric: str = "loss", state_file: Path | None = None):
+                 progress_metric: str = "loss", state_file: Path | str | None = None):
         from albert_dist.tracking import _client
 
         self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
@@ -117,10 +118,12 @@ class MetricsLogger:
         from mlflow.entities import Metric
 
         empty = {"found": False, "pending": [], "last_step": -1}
-        if self.state_file is None or not self.state_file.is_file():
+        if self.state_file is None:
             return empty
         try:
-            state = json.loads(self.state_file.read_text())
+            state = json.loads(read_bytes(self.state_file))
+        except FileNotFoundError:
+            return empty
         except (OSError, ValueError):
             return empty  # published atomically, so only a foreign file gets here
         if state.get("run_id") != self.run_id:
@@ -149,11 +152,13 @@ def quick_failing_requests() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
-def send_left_behind(tracking_uri: str, run_id: str, state_file: Path, patience_s: float = 180) -> None:
+def send_left_behind(tracking_uri: str, run_id: str, state_file: Path | str, patience_s: float = 180) -> None:
     """Send the metrics a training worker could not (the server was down when training ended, or when the worker
     died), retrying for up to `patience_s` while the server is unreachable; what still cannot be sent stays in
     `state_file` for a later relaunch."""
-    if not state_file.is_file():
+    try:
+        read_bytes(state_file)
+    except OSError:  # none (or unreadable: the logger would find no state either)
         return
     logger = MetricsLogger(tracking_uri, run_id, state_file=state_file)
     deadline = time.monotonic() + patience_s

@@ -1,7 +1,9 @@
 """`albert-dist pretrain`: MLM + SOP pretraining of ALBERT on Ray Train, tracked in MLflow.
 
 The driver validates the prepared data and the model config, opens (or reopens) the MLflow run, runs the shared
-training loop on Ray Train workers and publishes the final model in the transformers layout.
+training loop on Ray Train workers and publishes the final model in the transformers layout. With a URI
+`run.output_dir`, checkpoints, the best and final models and the MLflow run id are stored there (`RunSection.locate`),
+the lock and a copy of the final model in the run's local staging directory (`RunSection.run_dir`).
 """
 
 from __future__ import annotations
@@ -225,8 +227,8 @@ def data_digest(prepared, phases: list[Phase]) -> str:
 
 @dataclass
 class PretrainOutcome:
-    model_dir: Path
-    best_model_dir: Path
+    model_dir: Path | str  # a URI when run.output_dir is one
+    best_model_dir: Path | str
     tracking_uri: str
     run_id: str
     metrics: dict[str, Any]
@@ -270,17 +272,20 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
             f" (data.cache={cfg.data.cache})")
         for number, phase in enumerate(phases, 1):
             print(f"phase {number}/{len(phases)}: {phase.describe()}")
-        best_dir = run_dir / "best_model"
-        result = run_training(name=cfg.run.name, storage_path=run_dir / "ray",
+        best_dir = cfg.run.locate("best_model")
+        result = run_training(name=cfg.run.name, storage_path=cfg.run.locate("ray"),
                               task=pretraining_spec(cfg, prepared, data_dir, model_config, phases),
                               train=cfg.train.loop_settings(), scaling=cfg.scaling, seed=cfg.run.seed,
                               datasets=prepared.for_training(in_memory, [phase.prepared for phase in phases]),
                               tracking=(run.uri, run.run_id), best_model_dir=best_dir,
                               fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest(prepared, phases)),
                               resume_changes=cfg.run.resume_changes)
-        model_dir = run_dir / "model"
-        publish_dir(model_dir, lambda d: shutil.copytree(result.checkpoint_dir / "model", d, dirs_exist_ok=True))
-        run.published(model_dir)
+        local_model = run_dir / "model"
+        publish_dir(local_model, lambda d: shutil.copytree(result.checkpoint_dir / "model", d, dirs_exist_ok=True))
+        model_dir = cfg.run.locate("model")
+        if model_dir != local_model:  # uploaded from the local copy, which MLflow logs
+            publish_dir(model_dir, lambda d: shutil.copytree(local_model, d, dirs_exist_ok=True))
+        run.published(local_model, str(model_dir))
         run.log_model(mlflow_models.EncoderModel(), step=int(result.metrics["step"]))
     return PretrainOutcome(model_dir, best_dir, run.uri, run.run_id, result.metrics)
 
@@ -324,7 +329,7 @@ def lr_range_test(cfg: PretrainJobConfig):
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
     s = cfg.train
-    with tracking.job_run(cfg, "lr_range_test", run_dir=cfg.run.run_dir / "lr_range_test",
+    with tracking.job_run(cfg, "lr_range_test", run_dir=cfg.run.locate("lr_range_test"),
                           run_name=f"{cfg.run.name}-lr-range-test",
                           extra_params={"data.prepared_dir": str(data_dir)}) as run:
         print(f"learning-rate range test: {s.optimizer}, {s.lr_range_steps} steps from {s.lr_range_min:g} to "

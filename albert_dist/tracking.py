@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from albert_dist.config import dump_yaml, flatten
+from albert_dist.config import dump_yaml, flatten, join_location
 from albert_dist.errors import TrackingError
 
-from albert_dist.files import publish_text
+from albert_dist.files import publish_text, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +50,20 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path, run_name: str,
+def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path | str, run_name: str,
                         tags: dict[str, str] | None = None) -> str:
-    """The MLflow run of `run_dir`: the one recorded there if it still exists, else a new one (recorded).
+    """The MLflow run of `run_dir` (a local path or a URI): the one recorded there if it still exists, else a new
+    one (recorded).
     `tags` are set either way: a sweep creates its trials' runs before their jobs add what they know (lineage).
     Runs carry the source tags of the job named by the `albert_dist.job` tag."""
     client = _client(tracking_uri)
     tags = {**source_tags((tags or {}).get(JOB_TAG)), **(tags or {})}
-    id_file = run_dir / RUN_ID_FILE
-    if id_file.is_file():
-        run_id = id_file.read_text().strip()
+    id_file = join_location(run_dir, RUN_ID_FILE)
+    try:
+        run_id = read_bytes(id_file).decode().strip()
+    except FileNotFoundError:
+        run_id = None
+    if run_id is not None:
         if _run_is_live(client, run_id):
             from mlflow.entities import RunTag
 
@@ -225,6 +229,7 @@ class JobRun:
     run_id: str
     register_as: str | None = None  # tracking.register_model
     model_dir: Path | None = None  # the job's model, once published (`published`)
+    model_location: str | None = None  # where it was published (its URI, or model_dir)
 
     def log_params(self, params: dict[str, Any]) -> None:
         with tracking_errors("logging params"):
@@ -250,9 +255,11 @@ class JobRun:
             _client(self.uri).log_batch(self.run_id, metrics=[Metric(k, float(v), now, step)
                                                               for k, v in values.items()])
 
-    def published(self, model_dir: Path) -> None:
-        """The job's model is in place at `model_dir`: a later failure says so."""
+    def published(self, model_dir: Path, where: str | None = None) -> None:
+        """The job's model is in place at `model_dir` (a local directory; published at the URI `where` too): a
+        later failure says where."""
         self.model_dir = Path(model_dir)
+        self.model_location = where or str(model_dir)
 
     def log_model(self, python_model, step: int, files: bool = True) -> None:
         """The published model as the run's MLflow model (linked to the metrics of `step`), registered when
@@ -287,7 +294,7 @@ class JobRun:
 
 @contextlib.contextmanager
 def job_run(cfg, job: str, *, tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
-            extra_params: dict[str, Any] | None = None, settings=None, run_dir: Path | None = None,
+            extra_params: dict[str, Any] | None = None, settings=None, run_dir: Path | str | None = None,
             run_name: str | None = None) -> Iterator[JobRun]:
     """The tracked MLflow run of a job, around everything the job does once its input is validated.
 
@@ -302,7 +309,7 @@ def job_run(cfg, job: str, *, tags: dict[str, str] | None = None, params: dict[s
     settings = settings or cfg
     uri = settings.tracking.resolved_uri(settings.run.output_dir)
     with tracking_errors(f"opening the run in {redact_url(uri)}"):
-        run_id = start_or_resume_run(uri, settings.tracking.experiment, run_dir or settings.run.run_dir,
+        run_id = start_or_resume_run(uri, settings.tracking.experiment, run_dir or settings.run.locate(),
                                      run_name or settings.run.name, tags={JOB_TAG: job, **(tags or {})})
     run = JobRun(uri, run_id, settings.tracking.register_model)
     try:
@@ -312,12 +319,12 @@ def job_run(cfg, job: str, *, tags: dict[str, str] | None = None, params: dict[s
         run.end("FINISHED")
     except BaseException as err:
         marked = run.mark_failed()
-        if run.model_dir is None or not isinstance(err, Exception):
+        if run.model_location is None or not isinstance(err, Exception):
             raise
         if isinstance(err, TrackingError):
-            raise TrackingError(f"the model is saved at {run.model_dir}, but tracking failed: {err}; "
+            raise TrackingError(f"the model is saved at {run.model_location}, but tracking failed: {err}; "
                                 f"{marked}") from err
-        err.add_note(f"the model is saved at {run.model_dir}; {marked}")
+        err.add_note(f"the model is saved at {run.model_location}; {marked}")
         raise
 
 

@@ -1,7 +1,9 @@
-"""Data on object storage, end to end against a real S3-compatible server (moto's standalone server, a process on
-127.0.0.1): `albert-dist data prepare` reads the corpus from S3 and uploads the dataset there, `albert-dist
-pretrain` trains from it through Ray Data, `albert-dist finetune` reads its labelled files from S3; a shard changed
-on the server is caught; URIs where only a local path works are refused at validation."""
+"""Data and runs on object storage, end to end against a real S3-compatible server (moto's standalone server, a
+process on 127.0.0.1): `albert-dist data prepare` reads the corpus from S3 and uploads the dataset there,
+`albert-dist pretrain` trains from it through Ray Data with its run directory (checkpoints, models, MLflow run id,
+metrics state) on S3 and resumes from the S3 checkpoint when relaunched, `albert-dist finetune` starts from the
+model published on S3, reads its labelled files from S3 and publishes its model there; a shard changed on the
+server is caught; URIs where only a local path works are refused at validation."""
 
 from __future__ import annotations
 
@@ -60,16 +62,35 @@ def s3_client(env: dict[str, str]):
                         aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
 
 
-def test_uris_only_where_they_work():
-    """run.output_dir (and the model/tokenizer paths read locally) refuse URIs at validation, naming the field and
-    what works instead; a URI with credentials in it is refused without echoing them; no local `s3:` folder."""
-    for cls in (DataJobConfig, PretrainJobConfig):
+def test_uris_only_where_they_work(monkeypatch):
+    """run.output_dir of data preparation, distillation and sweeps (and the model/tokenizer paths they and
+    pretraining read locally) refuse URIs at validation, naming the field and what works instead; pretraining's
+    and fine-tuning's run.output_dir and fine-tuning's model.init_from take them; a URI with credentials in it is
+    refused without echoing them; no local `s3:` folder."""
+    from albert_dist.finetune.config import DistillJobConfig
+    from albert_dist.tune.config import FinetuneTuneConfig
+
+    for cls in (DataJobConfig, DistillJobConfig, FinetuneTuneConfig):
         with pytest.raises(ConfigError, match=r"run\.output_dir: a URI.*local path or a mount.*data\.output may be"):
             load_config(cls, None, ["run.output_dir=s3://bucket/out"])
-    for field in ("model.init_from", "tokenizer.path"):
+    pretrain = load_config(PretrainJobConfig, None, ["run.output_dir=s3://bucket/out?region=x", "run.name=r"])
+    assert pretrain.run.locate("ray") == "s3://bucket/out/r/ray?region=x"
+    assert pretrain.run.run_dir.parts[-4:] == ("s3", "bucket", "out", "r")  # its local staging directory
+    tuned = load_config(FinetuneJobConfig, None, ["run.output_dir=gs://bucket/out", "model.init_from=gs://b/m/model"])
+    assert tuned.run.locate("model") == "gs://bucket/out/finetune/model" and tuned.model.init_from == "gs://b/m/model"
+    with pytest.raises(ConfigError, match=r"run\.output_dir: the URI carries credentials \(secret_key\)") as err:
+        load_config(PretrainJobConfig, None, ["run.output_dir=s3://bucket/out?secret_key=hunter2"])
+    assert "hunter2" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"model\.init_from: the URI carries credentials \(user info\)") as err:
+        load_config(FinetuneJobConfig, None, ["model.init_from=s3://key:hunter2@bucket/model"])
+    assert "hunter2" not in str(err.value)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default store, a SQLite file, cannot be on S3
+    with pytest.raises(ConfigError, match=r"run\.output_dir is a URI .* no MLflow store is set"):
+        pretrain.tracking.resolved_uri(pretrain.run.output_dir)
+    for cls, field in ((PretrainJobConfig, "model.init_from"), (DataJobConfig, "tokenizer.path"),
+                       (DistillJobConfig, "distill.teacher"), (DistillJobConfig, "student.init_from")):
         with pytest.raises(ConfigError, match=rf"{field}: a URI, but this is read from a local or mounted path"):
-            load_config(PretrainJobConfig if field.startswith("model") else DataJobConfig, None,
-                        [f"{field}=gs://bucket/model"])
+            load_config(cls, None, [f"{field}=gs://bucket/model"])
     with pytest.raises(ConfigError, match=r"data\.output: the URI carries credentials \(secret_key\)") as err:
         load_config(DataJobConfig, None, ["data.output=s3://bucket/x?endpoint_override=h:9000&secret_key=hunter2"])
     assert "hunter2" not in str(err.value) and "endpoint_override=h:9000" in str(err.value)
@@ -95,30 +116,46 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     s3 = s3_client(s3_env)
     s3.create_bucket(Bucket=BUCKET)
     s3.put_object(Bucket=BUCKET, Key="corpus/stdlib.txt", Body=stdlib_corpus.read_bytes()[:120_000])
-    data = f"s3://{BUCKET}/prepared"
-    common = [f"run.output_dir={tmp_path / 'runs'}", f"data.output={data}"]
-    prepare = ["data", "prepare", *common, f"data.inputs=[s3://{BUCKET}/corpus]", "tokenizer.vocab_size=300",
-               "data.eval_fraction=0.1", "data.max_seq_length=64"]
-    pretrain = ["pretrain", *common, "run.name=s3run", *TINY_MODEL, "scaling.num_workers=1", "train.precision=fp32",
-                "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=8", "train.log_every=2",
-                "train.eval_every=3", "train.checkpoint_every=3", "train.eval_batches=2", "train.max_failures=0"]
+    data, runs = f"s3://{BUCKET}/prepared", f"s3://{BUCKET}/runs"
+    # the run directories on S3, the MLflow store a local SQLite file (the default one cannot be on S3)
+    tracked = [f"run.output_dir={runs}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    prepare = ["data", "prepare", f"run.output_dir={tmp_path / 'runs'}", f"data.output={data}",
+               f"data.inputs=[s3://{BUCKET}/corpus]", "tokenizer.vocab_size=300", "data.eval_fraction=0.1",
+               "data.max_seq_length=64"]
+    pretrain = ["pretrain", *tracked, f"data.output={data}", "run.name=s3run", *TINY_MODEL, "scaling.num_workers=1",
+                "train.precision=fp32", "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=8",
+                "train.log_every=2", "train.eval_every=3", "train.checkpoint_every=3", "train.eval_batches=2",
+                "train.max_failures=0"]
+    # relaunched longer: it resumes from the checkpoint of step 6 on S3 (the longer schedule recorded in MLflow)
+    relaunch = [a for a in pretrain[1:] if not a.startswith("train.max_steps")] + [
+        "train.max_steps=9", "run.resume_changes=allow"]
     for name, rows, write in (("train.csv", single_rows(64, seed=1), write_csv),
                               ("dev.jsonl", single_rows(32, seed=2), write_jsonl)):
         s3.put_object(Bucket=BUCKET, Key=f"task/{name}", Body=write(tmp_path / name, rows).read_bytes())
-    finetune = ["finetune", f"run.output_dir={tmp_path / 'runs'}", "run.name=s3finetune",
-                f"model.init_from={tmp_path / 'runs' / 's3run' / 'model'}", f"data.train=s3://{BUCKET}/task/train.csv",
+    finetune = ["finetune", *tracked, "run.name=s3finetune",
+                f"model.init_from={runs}/s3run/model", f"data.train=s3://{BUCKET}/task/train.csv",
                 f"data.dev=s3://{BUCKET}/task/dev.jsonl", "data.max_seq_length=32", "finetune.epochs=1",
                 "scaling.num_workers=1", "train.batch_size=16", "train.precision=fp32", "train.eval_every=100"]
     # the commands in one process, its own local Ray: the session Ray's workers were started without the
     # AWS_* variables, and a job's workers take credentials from their environment as a cluster's nodes do
-    script = ("import sys\nfrom albert_dist.cli import main\n"
-              f"sys.exit(main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}) or main({cli_args(finetune)!r}))")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} | s3_env
+    script = ("import sys\nfrom albert_dist.cli import main\nfrom albert_dist.config import PretrainJobConfig, "
+              "load_config\nfrom albert_dist.pretrain import pretrain\n"
+              f"assert not (main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))\n"
+              f"outcome = pretrain(load_config(PretrainJobConfig, None, {relaunch!r}))\n"
+              "print('relaunch:', outcome.metrics['step'], outcome.metrics['resumed_from_step'], outcome.model_dir)\n"
+              f"sys.exit(main({cli_args(finetune)!r}))")
+    staging = tmp_path / "staging"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} | s3_env | {
+        "ALBERT_DIST_STAGING": str(staging)}
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "done: step 6" in out.stdout
+    assert f"relaunch: 9 6.0 {runs}/s3run/model" in out.stdout  # resumed from the checkpoint of step 6 on S3
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "runs" / "s3:").exists()
+    assert not (tmp_path / "runs" / "s3run").exists() and not (tmp_path / "runs" / "s3finetune").exists()
+    # locally only the driver's staging directory: its lock, and the copy of the model MLflow logged
+    assert (staging / "s3" / BUCKET / "runs" / "s3run" / "driver.lock").is_file()
 
     # on the server: the dataset, its shards exactly as the manifest records them, nothing left of the upload
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="prepared/")["Contents"]
@@ -134,21 +171,50 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
         assert hashlib.sha256(body).hexdigest() == shard["sha256"]
 
     # the run trained from S3 and says so, without the credentials anywhere in MLflow
-    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
+    # one MLflow run for both launches: the relaunch found its id on S3
     [run] = client.search_runs(experiments, filter_string="attributes.run_name = 's3run'")
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and run.data.params["run.output_dir"] == runs
     assert run.data.params["data.prepared_dir"] == data and run.data.params["data.output"] == data
-    assert client.get_metric_history(run.info.run_id, "loss")[-1].step == 6
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4, 6, 8, 9]
+    assert any(tag.startswith("albert_dist.resume_changes.step_6") for tag in run.data.tags)
+
+    # the runs on the server: MLflow run id, Ray Train's checkpoints (manifest and all), the metrics state, the
+    # best and final models each with its published.json written last
+    def objects(prefix: str) -> dict[str, bytes]:
+        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+        return {o["Key"][len(prefix):]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
+                for o in listed if not o["Key"].endswith("/")}
+
+    stored = objects("runs/s3run/")
+    assert stored["mlflow_run_id"].decode().strip() == run.info.run_id
+    checkpoints = {key.split("/")[2] for key in stored if key.startswith("ray/s3run/checkpoint_") and
+                   key.count("/") > 2}
+    assert len(checkpoints) >= 2 and all(f"ray/s3run/{c}/manifest.json" in stored for c in checkpoints)
+    steps = {json.loads(stored[f"ray/s3run/{c}/manifest.json"])["step"] for c in checkpoints}
+    assert 9 in steps and 6 in steps
+    assert json.loads(stored["ray/s3run/tracked_metrics.json"]) | {"pending": []} == {
+        "run_id": run.info.run_id, "last_step": 9, "pending": []}
+    for model in ("model", "best_model"):
+        published = json.loads(stored[f"{model}/published.json"])["files"]
+        assert {"config.json", "model.safetensors", "spiece.model"} <= set(published)
+        assert all(hashlib.sha256(stored[f"{model}/{name}"]).hexdigest() == digest
+                   for name, digest in published.items())
     logged = json.dumps([run.data.params, run.data.tags]) + out.stdout + out.stderr
     assert s3_env["AWS_SECRET_ACCESS_KEY"] not in logged
+    assert not any(s3_env["AWS_SECRET_ACCESS_KEY"].encode() in body for body in stored.values())
     # the fine-tuning read its files from the server, and says where they came from
     [tuned] = client.search_runs(experiments, filter_string="attributes.run_name = 's3finetune'")
     assert tuned.info.status == "FINISHED" and "dev_accuracy" in tuned.data.metrics
     assert tuned.data.params["data.train"] == f"s3://{BUCKET}/task/train.csv"
+    # it started from the model on S3, found the run that made it there, and published its own model there
+    assert tuned.data.tags["albert_dist.source_model"] == f"{runs}/s3run/model"
+    assert tuned.data.tags["albert_dist.source_run_id"] == run.info.run_id
     assert s3_env["AWS_SECRET_ACCESS_KEY"] not in json.dumps([tuned.data.params, tuned.data.tags])
-    assert (tmp_path / "runs" / "s3finetune" / "model" / "model.safetensors").is_file()
-    assert (tmp_path / "runs" / "s3run" / "model" / "spiece.model").read_bytes() == \
+    tuned_model = objects("runs/s3finetune/model/")
+    assert {"model.safetensors", "published.json"} <= set(tuned_model)
+    assert stored["model/spiece.model"] == tuned_model["spiece.model"] == \
         s3.get_object(Bucket=BUCKET, Key="prepared/tokenizer/spiece.model")["Body"].read()
 
     # a shard changed on the server after preparation is caught before any training
@@ -199,7 +265,8 @@ def cli_args(args: list[str]) -> list[str]:
 def test_upload_replaces_the_old_dataset_whole(tmp_path):
     """Publishing to a URI (here file://, the same code as s3://) leaves the new dataset and nothing of the old
     one: a stale shard of a bigger old dataset is gone, the manifest is the new one."""
-    from albert_dist.data.prepare import MANIFEST, _upload
+    from albert_dist.data.prepare import MANIFEST
+    from albert_dist.files import upload_dir
 
     target = tmp_path / "out"
     (target / "train").mkdir(parents=True)
@@ -209,7 +276,39 @@ def test_upload_replaces_the_old_dataset_whole(tmp_path):
     (stage / "train").mkdir(parents=True)
     (stage / "train" / "part-00000.parquet").write_bytes(b"new")
     (stage / MANIFEST).write_text("new")
-    _upload(stage, f"file://{target}")
+    upload_dir(stage, f"file://{target}", last=MANIFEST)
     assert sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()) == [
         MANIFEST, "train/part-00000.parquet"]
     assert (target / MANIFEST).read_text() == "new"
+
+
+def test_a_directory_published_to_a_uri_is_fetched_whole_or_refused(tmp_path, monkeypatch):
+    """A model directory published to a URI (file://, the same code as s3://) carries its files' checksums in
+    `published.json`, written last; `fetch_dir` downloads it into the staging directory and refuses a directory
+    without the marker (an upload cut off) or with a file changed since; a republish replaces the local copy."""
+    from albert_dist.errors import CheckpointError
+    from albert_dist.files import PUBLISHED, fetch_dir, publish_dir, publish_text, read_bytes
+
+    monkeypatch.setenv("ALBERT_DIST_STAGING", str(tmp_path / "staging"))
+    uri = f"file://{tmp_path}/bucket/run/model"
+    publish_dir(uri, lambda d: [(d / "config.json").write_text("{}"), (d / "sub").mkdir(),
+                                (d / "sub" / "w.bin").write_bytes(b"v1")])
+    local = fetch_dir(uri)
+    assert local == tmp_path / "staging" / "file" / str(tmp_path).strip("/") / "bucket" / "run" / "model"
+    assert (local / "sub" / "w.bin").read_bytes() == b"v1" and (local / PUBLISHED).is_file()
+    publish_dir(uri, lambda d: (d / "config.json").write_text('{"v": 2}'))
+    assert (fetch_dir(uri) / "config.json").read_text() == '{"v": 2}' and not (local / "sub").exists()
+    (tmp_path / "bucket" / "run" / "model" / "config.json").write_text("changed")
+    (local / PUBLISHED).unlink()  # no local copy to reuse: downloaded again, and checked
+    with pytest.raises(CheckpointError, match="config.json does not match what was published"):
+        fetch_dir(uri)
+    (tmp_path / "bucket" / "run" / "model" / PUBLISHED).unlink()
+    with pytest.raises(CheckpointError, match=f"has no {PUBLISHED}: not published, or its upload was cut off"):
+        fetch_dir(uri)
+    # single files (the metrics state, the MLflow run id) are one object each, read back whole
+    state = f"file://{tmp_path}/bucket/run/ray/run/tracked_metrics.json"
+    publish_text(state, "{}")
+    publish_text(state, '{"last_step": 3}')
+    assert read_bytes(state) == b'{"last_step": 3}'
+    with pytest.raises(FileNotFoundError):
+        read_bytes(f"file://{tmp_path}/bucket/run/mlflow_run_id")

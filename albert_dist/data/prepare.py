@@ -22,14 +22,14 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, is_uri, resolve_location, resolve_path
+from albert_dist.config import DataJobConfig, PretrainJobConfig, is_uri, join_location, resolve_location, resolve_path
 from albert_dist.data.instances import InstanceSpec
 from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, DocumentProcessor, ProcessSettings,
                                       document_sentences, summarize_counts)
 from albert_dist.data.readers import filesystem, read_documents, resolve_inputs
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
-from albert_dist.files import publishing_dir, sha256_file
+from albert_dist.files import publishing_dir, sha256_file, upload_dir
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -38,8 +38,13 @@ _READ_CPUS = 0.25  # reading is light; leave the CPUs to the tokenizer actors
 
 
 def output_location(cfg: DataJobConfig | PretrainJobConfig, output: str | None = None) -> str:
-    """`output` (default `data.output`) under `run.output_dir`; absolute paths and URIs as given."""
-    return resolve_location(output or cfg.data.output, base=resolve_path(cfg.run.output_dir))
+    """`output` (default `data.output`) under `run.output_dir` (a URI one too); absolute paths and URIs as given."""
+    output = output or cfg.data.output
+    if is_uri(output) or not is_uri(cfg.run.output_dir):
+        return resolve_location(output, base=None if is_uri(output) else resolve_path(cfg.run.output_dir))
+    if Path(output).expanduser().is_absolute():
+        return str(Path(output).expanduser())
+    return str(join_location(cfg.run.output_dir, *Path(output).parts))
 
 
 def run_prepare(cfg: DataJobConfig) -> int:
@@ -305,7 +310,7 @@ def _staging(location: str):
     """A local staging directory, published to `location` on success (replacing what was there), else removed.
 
     Local outputs are staged next to the target and swapped in (`files.publishing_dir`); URIs are staged locally
-    and uploaded (`_upload`).
+    and uploaded (`files.upload_dir`, the manifest last: a dataset is only read through its manifest).
     """
     with disk_full_errors(f"the prepared data for {location}", DataError):
         if not is_uri(location):
@@ -315,28 +320,9 @@ def _staging(location: str):
         stage = Path(tempfile.mkdtemp(prefix="albert-data-"))
         try:
             yield stage
-            _upload(stage, location)
+            upload_dir(stage, location, last=MANIFEST)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-
-
-def _upload(stage: Path, location: str) -> None:
-    """Publish `stage` under the URI `location` with the manifest last: object stores rename nothing atomically
-    (a "move" of a prefix copies object by object), but a dataset is only read through its manifest, so the old
-    one stops being a dataset before anything of it is replaced, and the new one becomes one with its last
-    object. An upload that fails half-way leaves no manifest, which `load_prepared` reports."""
-    import pyarrow.fs as pafs
-
-    fs, path = filesystem(location)
-    manifest = f"{path}/{MANIFEST}"
-    if fs.get_file_info(manifest).type == pafs.FileType.File:
-        fs.delete_file(manifest)
-    fs.delete_dir_contents(path, missing_dir_ok=True)  # the old shards (the new data may have fewer)
-    for part in sorted(stage.iterdir(), key=lambda p: p.name == MANIFEST):
-        if part.is_dir():
-            fs.create_dir(f"{path}/{part.name}")  # a local file:// target needs it; on S3 an empty marker
-        pafs.copy_files(str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=fs)
 
 
 @contextlib.contextmanager

@@ -11,8 +11,10 @@ from albert_dist.config import (
     PretrainedModelSection,
     RunSection,
     Section,
+    StoredRunSection,
     TrainBase,
     TrainingJobConfig,
+    local_path,
     without_credentials,
 )
 
@@ -136,11 +138,21 @@ class TaskJobConfig(TrainingJobConfig):
         return self
 
 
+class FinetuneModelSection(PretrainedModelSection):
+    """Fine-tuning's `model:`: init_from may be a URI (a model pretrain published to s3://, gs://), downloaded to
+    a local cache before it is loaded."""
+
+    init_from: str | None = Field(None, description="A model directory (ours or transformers') to start from, or "
+                                                    "the URI of one pretrain published (s3://bucket/runs/name/model).")
+
+    _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: without_credentials(value)))
+
+
 class FinetuneJobConfig(TaskJobConfig):
     """`albert-dist finetune`: `model.init_from` is the pretrained model directory (ours or transformers')."""
 
-    run: RunSection = Field(default_factory=lambda: RunSection(name="finetune"))
-    model: PretrainedModelSection = Field(default_factory=PretrainedModelSection)
+    run: StoredRunSection = Field(default_factory=lambda: StoredRunSection(name="finetune"))
+    model: FinetuneModelSection = Field(default_factory=FinetuneModelSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
 
@@ -160,6 +172,8 @@ class StudentSection(Section):
                                                              "with the hidden size kept that is all of them (same "
                                                              "shared groups, fewer layers); otherwise the "
                                                              "embeddings. Empty: yes, unless init_from is set.")
+
+    _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: local_path(value)))
 
     @model_validator(mode="after")
     def _one_source(self) -> "StudentSection":
@@ -184,6 +198,8 @@ class DistillSection(Section):
     hidden_weight: float = Field(0.0, ge=0, description="beta: weight of the hidden-state MSE; 0 disables it.")
     speed_batch_size: int = Field(32, gt=0, description="Batch of the teacher/student speed measurement.")
     speed_repeats: int = Field(20, gt=0)
+
+    _local_teacher = field_validator("teacher")(classmethod(lambda cls, value: local_path(value)))
 
 
 class DistillJobConfig(TaskJobConfig):

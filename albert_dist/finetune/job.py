@@ -1,6 +1,8 @@
 """`albert-dist finetune`: the driver. It reads and tokenizes the task data, derives the schedule from the epochs,
 opens the MLflow run (linked to the source model), runs the fine-tuning task on Ray Train and publishes the best
-dev checkpoint as `<run_dir>/model`, then reports its dev and test metrics.
+dev checkpoint as `<run_dir>/model`, then reports its dev and test metrics. `model.init_from` and `run.output_dir`
+may be URIs (`s3://...`): the model is downloaded to a local cache (`files.fetch_dir`), the best checkpoint
+published there by the workers and downloaded back for the final metrics.
 
 The helpers here (data preparation, schedule, lineage, the training call) are shared with distillation.
 """
@@ -9,13 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import math
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from albert_dist import run_lock, tracking
-from albert_dist.config import TrainBase, TrainSection, flatten
+from albert_dist.config import TrainBase, TrainSection, flatten, is_uri, join_location
 from albert_dist.errors import ConfigError
+from albert_dist.files import fetch_dir, read_bytes
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
 from albert_dist.finetune.task import ClassificationSpec
@@ -73,12 +77,19 @@ def schedule(train: TrainBase, finetune: TaskTrainingSection, num_train: int, nu
 
 
 def source_run_id(model_dir: str | Path) -> str | None:
-    """The MLflow run that produced `model_dir`: pretraining and fine-tuning record it beside the model
-    (`<run_dir>/mlflow_run_id`, model in `<run_dir>/model`)."""
-    model_dir = Path(model_dir)
-    for candidate in (model_dir / tracking.RUN_ID_FILE, model_dir.parent / tracking.RUN_ID_FILE):
-        if candidate.is_file():
-            return candidate.read_text().strip() or None
+    """The MLflow run that produced `model_dir` (a local path or a URI): pretraining and fine-tuning record it
+    beside the model (`<run_dir>/mlflow_run_id`, model in `<run_dir>/model`)."""
+    if is_uri(model_dir):
+        split = urllib.parse.urlsplit(str(model_dir))
+        parent = urllib.parse.urlunsplit(split._replace(path=split.path.rstrip("/").rpartition("/")[0]))
+    else:
+        parent = Path(model_dir).parent
+    candidates = [join_location(model_dir, tracking.RUN_ID_FILE), join_location(parent, tracking.RUN_ID_FILE)]
+    for candidate in candidates:
+        try:
+            return read_bytes(candidate).decode().strip() or None
+        except OSError:  # none there
+            continue
     return None
 
 
@@ -128,14 +139,14 @@ def classification_spec(*, init_from: str, task_data: TaskData, task: str, finet
 
 
 def train_on_ray(cfg, *, task: TaskSpec, task_data: TaskData, train: TrainSection, run: tracking.JobRun,
-                 best_model_dir: Path, callbacks: list | None = None):
+                 best_model_dir: Path | str, callbacks: list | None = None):
     """Run `task` on Ray Train, its metrics logged into `run`. `callbacks` are Ray Train callbacks (a sweep's
     trial passes Tune's report callback)."""
     from albert_dist.train.ray_runner import training_data_context, run_training
 
     training_data_context()
     datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
-    return run_training(name=cfg.run.name, storage_path=cfg.run.run_dir / "ray", task=task, train=train,
+    return run_training(name=cfg.run.name, storage_path=cfg.run.locate("ray"), task=task, train=train,
                         scaling=cfg.scaling, seed=cfg.run.seed, datasets=datasets, tracking=(run.uri, run.run_id),
                         best_model_dir=best_model_dir, callbacks=callbacks, resume_changes=cfg.run.resume_changes,
                         fingerprint=checkpointing.fingerprint(flatten(cfg), task_data_digest(cfg.data)))
@@ -155,7 +166,7 @@ def final_metrics(model, task_data: TaskData, task: str, cfg) -> dict[str, float
 
 @dataclass
 class FinetuneOutcome:
-    model_dir: Path
+    model_dir: Path | str  # a URI when run.output_dir is one
     tracking_uri: str
     run_id: str
     label_names: list[str] | None
@@ -170,7 +181,7 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
     if not init_from:
         raise ConfigError("model.init_from is not set: give the pretrained model directory")
     task = cfg.finetune.task
-    task_data = prepare_task_data(cfg.data, task, init_from)
+    task_data = prepare_task_data(cfg.data, task, fetch_dir(init_from))
     train, per_epoch = schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
     sizes = {f"data.{name}_rows": len(split) for name, split in task_data.splits.items()}
     with tracking.job_run(cfg, "finetune", tags=lineage_tags(init_from), extra_params={
@@ -183,11 +194,12 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
         spec = classification_spec(init_from=str(init_from), task_data=task_data, task=task,
                                    finetune=cfg.finetune, train=train, data_section=cfg.data, per_epoch=per_epoch,
                                    seed=cfg.run.seed, model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
-        model_dir = cfg.run.run_dir / "model"
+        model_dir = cfg.run.locate("model")
         result = train_on_ray(cfg, task=spec, task_data=task_data, train=train, run=run, best_model_dir=model_dir,
                               callbacks=callbacks)
-        run.published(model_dir)  # the loop published the best dev checkpoint there
-        values = final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg)
+        local_model = fetch_dir(model_dir)  # the loop published the best dev checkpoint there
+        run.published(local_model, str(model_dir))
+        values = final_metrics(AlbertForSequenceClassification.from_pretrained(local_model), task_data, task, cfg)
         step = int(result.metrics.get("step", train.max_steps))
         run.log_metrics(values, step)
         run.log_model(classifier_model(cfg), step)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from albert_dist.files import fetch_dir
 from albert_dist.finetune import data, inference, lr_groups, metrics
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.tokenizer import load_tokenizer
@@ -86,13 +87,13 @@ class SequenceClassificationTask(TrainingTask):
         self.task, self.num_labels = spec.task, spec.num_labels
         self.best_metric = f"eval_{spec.metric}"
         self.best_mode = "min" if spec.metric == "loss" else "max"
-        self.tokenizer = load_tokenizer(spec.tokenizer_dir)
+        self.tokenizer = load_tokenizer(fetch_dir(spec.tokenizer_dir))  # a URI downloaded on this worker's machine
         self.stopper = EarlyStopping(self.best_metric, self.best_mode, spec.patience)
         self._cache: dict[str, dict[str, np.ndarray]] = {}
 
     # ------------------------------------------------------------------------------------------------ model
     def build_model(self) -> torch.nn.Module:
-        return AlbertForSequenceClassification.from_pretrained(self.spec.init_from,
+        return AlbertForSequenceClassification.from_pretrained(fetch_dir(self.spec.init_from),
                                                                allow_pickle=self.spec.allow_pickle,
                                                                **self.spec.model_overrides)
 

@@ -18,14 +18,16 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from albert_dist.config import is_uri, join_location
 from albert_dist.errors import CheckpointError, disk_full_errors
-from albert_dist.files import publish_bytes, publish_dir, sha256_file
+from albert_dist.files import download_dir, publish_bytes, publish_dir, read_bytes, sha256_file
 from albert_dist.train.collectives import gather_objects
 
 MANIFEST = "manifest.json"
@@ -106,20 +108,21 @@ def load_training_state(directory: Path) -> dict[str, Any]:
     return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
 
 
-def newest_verified(latest: Path | None, storage_dir: Path, say: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint of the run under `storage_dir` that passes its checksums, starting from `latest`
-    (the one Ray Train recorded last).
+def newest_verified(latest: Path | str | None, storage_dir: Path | str,
+                    say: Callable[[str], None] = print) -> Path | str | None:
+    """The newest checkpoint of the run under `storage_dir` (a local path or a URI) that passes its checksums,
+    starting from `latest` (the one Ray Train recorded last); `local_copy` gives its files.
 
     A checkpoint that fails verification (truncated, corrupted) is skipped with a message naming it, and the
     previous one of the same run is used instead. A complete checkpoint that Ray had not registered yet when the
     driver died (its manifest is written before Ray records it) is used too.
     """
-    siblings = [p for p in storage_dir.glob("checkpoint_*") if p.is_dir() and p != latest]
+    siblings = [p for p in _checkpoint_dirs(storage_dir) if p != latest]
     # newest first; at equal steps Ray's record first (a stable sort keeps it ahead)
     candidates = sorted(([latest] if latest else []) + siblings, key=_checkpoint_step, reverse=True)
     for candidate in candidates:
         try:
-            verify_manifest(candidate)
+            verify_manifest(local_copy(candidate))
         except CheckpointError as err:
             say(f"warning: {err}; trying the previous checkpoint")
             continue
@@ -131,9 +134,35 @@ def newest_verified(latest: Path | None, storage_dir: Path, say: Callable[[str],
     raise CheckpointError(f"no valid checkpoint under {storage_dir}: every one failed its checksums")
 
 
-def _checkpoint_step(path: Path) -> int:
+def _checkpoint_dirs(storage_dir: Path | str) -> list[Path | str]:
+    if not is_uri(storage_dir):
+        return [p for p in Path(storage_dir).glob("checkpoint_*") if p.is_dir()]
+    import pyarrow.fs as pafs
+
+    from albert_dist.data.readers import filesystem
+
+    fs, path = filesystem(str(storage_dir))
+    return [join_location(storage_dir, info.base_name)
+            for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+            if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_")]
+
+
+def local_copy(checkpoint: Path | str) -> Path:
+    """The checkpoint's files on this machine: a local checkpoint as it is; one at a URI downloaded into its
+    staging directory (`config.staging_dir`; kept while its manifest is the same, verify it with
+    `verify_manifest`), the run's other downloaded checkpoints removed from there."""
+    if not is_uri(checkpoint):
+        return Path(checkpoint)
+    local = download_dir(str(checkpoint), complete=MANIFEST)
+    for other in local.parent.glob("checkpoint_*"):
+        if other.is_dir() and other != local:
+            shutil.rmtree(other, ignore_errors=True)
+    return local
+
+
+def _checkpoint_step(path: Path | str) -> int:
     try:
-        return int(json.loads((path / MANIFEST).read_text())["step"])
+        return int(json.loads(read_bytes(join_location(path, MANIFEST)))["step"])
     except (OSError, ValueError, KeyError):
         return -1
 

@@ -1,4 +1,5 @@
-"""Runs the training loop on Ray Train: one `TorchTrainer`, DDP across workers, checkpoints in `storage_path/name`.
+"""Runs the training loop on Ray Train: one `TorchTrainer`, DDP across workers, checkpoints in `storage_path/name`
+(a local or shared path, or a URI: `s3://bucket/prefix`, read and written through pyarrow's filesystems).
 
 Relaunching with the same `name` and `storage_path` resumes from the latest valid checkpoint (Ray Train V2 keeps
 the run's checkpoint history there); `FailureConfig(max_failures)` restarts failed workers the same way.
@@ -20,7 +21,7 @@ import torch
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
-from albert_dist.config import ScalingSection, TrainSection
+from albert_dist.config import ScalingSection, TrainSection, is_uri, join_location
 from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is_disk_full
 from albert_dist.train import checkpointing
 from albert_dist.train.collectives import broadcast_object
@@ -38,8 +39,8 @@ class TrainingDiverged(AlbertDistError):
 @dataclass
 class TrainingResult:
     metrics: dict[str, Any]
-    checkpoint_dir: Path | None
-    run_path: Path
+    checkpoint_dir: Path | None  # a local copy of it when the storage is a URI
+    run_path: Path | str
 
 
 def scaling_config(scaling: ScalingSection) -> ScalingConfig:
@@ -57,9 +58,9 @@ def torch_threads(scaling: ScalingSection) -> int:
     return max(1, int(scaling.cpus_per_worker))
 
 
-def run_training(*, name: str, storage_path: Path, task: TaskSpec, train: TrainSection, scaling: ScalingSection,
+def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: TrainSection, scaling: ScalingSection,
                  seed: int, datasets: dict[str, Any] | None = None, split_datasets: bool = False,
-                 tracking: tuple[str, str] | None = None, best_model_dir: Path | None = None,
+                 tracking: tuple[str, str] | None = None, best_model_dir: Path | str | None = None,
                  callbacks: list | None = None, fingerprint: dict[str, Any] | None = None,
                  resume_changes: str = "refuse") -> TrainingResult:
     """Fit the task `task` describes with the shared loop on `scaling.num_workers` Ray Train workers.
@@ -74,15 +75,16 @@ def run_training(*, name: str, storage_path: Path, task: TaskSpec, train: TrainS
     """
     from ray.data import DataContext
 
-    _set_aside_unreadable_ray_record(storage_path / name)
+    storage_dir = join_location(storage_path, name)
+    _set_aside_unreadable_ray_record(storage_dir)
     if fingerprint is not None:
-        _check_relaunch(storage_path / name, fingerprint, resume_changes, tracking)
+        _check_relaunch(storage_dir, name, fingerprint, resume_changes, tracking)
     training_data_context()
     options = DataContext.get_current().execution_options
     trainer = ray.train.torch.TorchTrainer(
         _train_worker,
         train_loop_config={"task": task, "train": train.model_dump(),
-                           "seed": seed, "tracking": tracking, "storage_dir": str(storage_path / name),
+                           "seed": seed, "tracking": tracking, "storage_dir": str(storage_dir),
                            "best_model_dir": str(best_model_dir) if best_model_dir else None,
                            "torch_threads": torch_threads(scaling), "fingerprint": fingerprint},
         scaling_config=scaling_config(scaling),
@@ -97,25 +99,25 @@ def run_training(*, name: str, storage_path: Path, task: TaskSpec, train: TrainS
     try:
         result = trainer.fit()
     except WorkerGroupError as err:
-        raise _user_error(err.worker_failures.values(), storage_path / name) or err from None
+        raise _user_error(err.worker_failures.values(), storage_dir) or err from None
     except ControllerError as err:
-        raise _user_error([err.controller_failure], storage_path / name) or TrainingStalled(
+        raise _user_error([err.controller_failure], storage_dir) or TrainingStalled(
             f"training {name!r} could not get its workers' resources back ({train.resource_wait_attempts} attempts: "
-            f"{err.controller_failure}); the last checkpoint is kept in {storage_path / name}: relaunch the same "
+            f"{err.controller_failure}); the last checkpoint is kept in {storage_dir}: relaunch the same "
             f"run.name to resume once the cluster has {scaling.num_workers} worker slot(s) again") from None
     if tracking is not None:
         from albert_dist.metrics_log import STATE_FILE, send_left_behind
 
-        send_left_behind(*tracking, storage_path / name / STATE_FILE)
+        send_left_behind(*tracking, join_location(storage_dir, STATE_FILE))
     metrics = dict(result.metrics or {})
     if metrics.get("diverged"):
         raise TrainingDiverged(str(metrics.get("message", "training diverged")))
     # the newest checkpoint that passes its checksums (Ray's latest record, or a newer one it had not registered)
-    checkpoint_dir = resume_directory(result.checkpoint, storage_path / name, _silent)
-    return TrainingResult(metrics, checkpoint_dir, storage_path / name)
+    checkpoint = resume_directory(result.checkpoint, storage_dir, _silent)
+    return TrainingResult(metrics, checkpointing.local_copy(checkpoint) if checkpoint else None, storage_dir)
 
 
-def _user_error(failures, storage_dir: Path) -> Exception | None:
+def _user_error(failures, storage_dir: Path | str) -> Exception | None:
     """The one-line error of a failed training, when the failures of its workers or controller show one: a
     worker's own `AlbertDistError` (a full disk while staging a checkpoint, bad data), or a full disk while Ray
     Train stored a checkpoint into the run's storage. None: Ray's error says it best."""
@@ -129,11 +131,14 @@ def _user_error(failures, storage_dir: Path) -> Exception | None:
     return None
 
 
-def _set_aside_unreadable_ray_record(storage_dir: Path) -> None:
+def _set_aside_unreadable_ray_record(storage_dir: Path | str) -> None:
     """Ray Train writes its record of a run's checkpoints (checkpoint_manager_snapshot.json) in place, so a disk
     that filled up or a crash while it was written can leave it empty, and Ray then refuses to start the run
     again. The checkpoints themselves carry their own checksums: set the record aside and resume from the newest
-    checkpoint that verifies (`checkpointing.newest_verified` finds it without Ray's record)."""
+    checkpoint that verifies (`checkpointing.newest_verified` finds it without Ray's record). In object storage
+    (a URI) an object is written whole or not at all: nothing to set aside."""
+    if is_uri(storage_dir):
+        return
     from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
     record = storage_dir / CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
@@ -171,21 +176,22 @@ class ChangedRelaunch(ConfigError):
     """A relaunch whose settings or data differ from what its checkpoints were trained with."""
 
 
-def _check_relaunch(storage_dir: Path, fingerprint: dict[str, Any], resume_changes: str,
+def _check_relaunch(storage_dir: Path | str, name: str, fingerprint: dict[str, Any], resume_changes: str,
                     tracking: tuple[str, str] | None) -> None:
     """Refuse (or, with `resume_changes` "allow", record in MLflow) a relaunch that would resume checkpoints
     trained with other settings or data."""
-    latest = resume_directory(None, storage_dir, _silent) if storage_dir.is_dir() else None
+    latest = resume_directory(None, storage_dir, _silent) if is_uri(storage_dir) or storage_dir.is_dir() else None
     if latest is None:
         return
-    manifest = json.loads((latest / checkpointing.MANIFEST).read_text())  # verified by resume_directory
+    # verified by resume_directory
+    manifest = json.loads((checkpointing.local_copy(latest) / checkpointing.MANIFEST).read_text())
     changes = checkpointing.fingerprint_changes(manifest.get("fingerprint"), fingerprint)
     if not changes:
         return
     step = manifest["step"]
     if resume_changes != "allow":
         raise ChangedRelaunch(
-            f"run {storage_dir.name!r} has checkpoints up to step {step} trained with other settings: "
+            f"run {name!r} has checkpoints up to step {step} trained with other settings: "
             f"{'; '.join(changes)}. Resuming would continue their optimizer state under the new ones. Use another "
             f"run.name for a new run, or --set run.resume_changes=allow to resume anyway (the changes are recorded "
             f"in MLflow).")
@@ -208,13 +214,17 @@ def _train_worker(config: dict[str, Any]) -> None:
 
         quick_failing_requests()
         logger = MetricsLogger(*config["tracking"], skip_replayed=True,
-                               state_file=Path(config["storage_dir"]) / STATE_FILE)
-    # rank 0 picks the checkpoint (verifying it) and every rank resumes from that one
-    resume_dir = resume_directory(ray.train.get_checkpoint(), Path(config["storage_dir"])) if rank == 0 else None
+                               state_file=join_location(config["storage_dir"], STATE_FILE))
+    # rank 0 picks the checkpoint (verifying it) and every rank resumes from that one (downloaded to its machine
+    # when the storage is a URI)
+    storage_dir = join_location(config["storage_dir"])
+    chosen = resume_directory(ray.train.get_checkpoint(), storage_dir) if rank == 0 else None
+    chosen = broadcast_object(chosen, world_size)
+    best_model_dir = config["best_model_dir"] and join_location(config["best_model_dir"])
     env = WorkerEnv(rank=rank, world_size=world_size, device=ray.train.torch.get_device(),
                     wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
-                    best_model_dir=Path(config["best_model_dir"]) if config["best_model_dir"] else None,
-                    resume_dir=broadcast_object(resume_dir, world_size), fingerprint=config["fingerprint"])
+                    best_model_dir=best_model_dir or None,
+                    resume_dir=checkpointing.local_copy(chosen) if chosen else None, fingerprint=config["fingerprint"])
     train = TrainSection.model_validate(config["train"])
     result = Trainer(task, train, env, seed=config["seed"]).fit()
     if logger is not None:
@@ -228,10 +238,17 @@ def _report(metrics: dict[str, Any], checkpoint_dir: Path | None) -> None:
     ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def resume_directory(checkpoint: "ray.train.Checkpoint | None", storage_dir: Path,
-                     say: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint of the run that verifies, starting from the one Ray Train hands back."""
-    return checkpointing.newest_verified(Path(checkpoint.path) if checkpoint is not None else None, storage_dir, say)
+def resume_directory(checkpoint: "ray.train.Checkpoint | None", storage_dir: Path | str,
+                     say: Callable[[str], None] = print) -> Path | str | None:
+    """The newest checkpoint of the run that verifies, starting from the one Ray Train hands back (in a URI
+    storage, its path is the bucket's: the checkpoint is found by name under `storage_dir`)."""
+    if checkpoint is None:
+        latest = None
+    elif is_uri(storage_dir):
+        latest = join_location(storage_dir, Path(checkpoint.path).name)
+    else:
+        latest = Path(checkpoint.path)
+    return checkpointing.newest_verified(latest, storage_dir, say)
 
 
 def _silent(_: str) -> None:
