@@ -93,6 +93,22 @@ def test_learns_and_keeps_the_best_model(tmp_path):
     assert json.loads((tmp_path / "step40" / "manifest.json").read_text())["step"] == 40
 
 
+def test_compiled_model_trains_and_saves_plain_weights(tmp_path):
+    """`train.compile` runs the steps through torch.compile (opt-in: no faster on CPU, benchmarks/README.md); the
+    run learns as the eager one does, and checkpoints and the best model hold the plain module's weights."""
+    from safetensors.torch import load_file
+
+    trainer = Trainer(KeywordTask(), settings(compile=True), WorkerEnv(report=Checkpoints(tmp_path),
+                                                                        best_model_dir=tmp_path / "best"))
+    assert isinstance(trainer.wrapped, torch._dynamo.eval_frame.OptimizedModule)
+    result = trainer.fit()
+    assert result["status"] == "completed" and result["eval_accuracy"] >= 0.85
+    saved, final = load_file(tmp_path / "step40" / "model" / "model.safetensors"), trainer.model.state_dict()
+    assert saved and saved.keys() <= final.keys()  # no `_orig_mod.` prefixes
+    for name, tensor in saved.items():
+        torch.testing.assert_close(tensor, final[name], rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, precision):
     saved = Checkpoints(tmp_path)
