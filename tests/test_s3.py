@@ -62,6 +62,14 @@ def s3_client(env: dict[str, str]):
                         aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
 
 
+def refused_without_echo(cls, override: str, message: str) -> str:
+    """`override` (a URI with the secret hunter2 in it) is refused with `message`, the secret not echoed."""
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(cls, None, [override])
+    assert "hunter2" not in str(err.value)
+    return str(err.value)
+
+
 def test_uris_only_where_they_work(monkeypatch):
     """run.output_dir of data preparation, distillation and sweeps (and the model/tokenizer paths they and
     pretraining read locally) refuse URIs at validation, naming the field and what works instead; pretraining's
@@ -78,12 +86,10 @@ def test_uris_only_where_they_work(monkeypatch):
     assert pretrain.run.run_dir.parts[-4:] == ("s3", "bucket", "out", "r")  # its local staging directory
     tuned = load_config(FinetuneJobConfig, None, ["run.output_dir=gs://bucket/out", "model.init_from=gs://b/m/model"])
     assert tuned.run.locate("model") == "gs://bucket/out/finetune/model" and tuned.model.init_from == "gs://b/m/model"
-    with pytest.raises(ConfigError, match=r"run\.output_dir: the URI carries credentials \(secret_key\)") as err:
-        load_config(PretrainJobConfig, None, ["run.output_dir=s3://bucket/out?secret_key=hunter2"])
-    assert "hunter2" not in str(err.value)
-    with pytest.raises(ConfigError, match=r"model\.init_from: the URI carries credentials \(user info\)") as err:
-        load_config(FinetuneJobConfig, None, ["model.init_from=s3://key:hunter2@bucket/model"])
-    assert "hunter2" not in str(err.value)
+    refused_without_echo(PretrainJobConfig, "run.output_dir=s3://bucket/out?secret_key=hunter2",
+                         r"run\.output_dir: the URI carries credentials \(secret_key\)")
+    refused_without_echo(FinetuneJobConfig, "model.init_from=s3://key:hunter2@bucket/model",
+                         r"model\.init_from: the URI carries credentials \(user info\)")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default store, a SQLite file, cannot be on S3
     with pytest.raises(ConfigError, match=r"run\.output_dir is a URI .* no MLflow store is set"):
         pretrain.tracking.resolved_uri(pretrain.run.output_dir)
@@ -91,15 +97,14 @@ def test_uris_only_where_they_work(monkeypatch):
                        (DistillJobConfig, "distill.teacher"), (DistillJobConfig, "student.init_from")):
         with pytest.raises(ConfigError, match=rf"{field}: a URI, but this is read from a local or mounted path"):
             load_config(cls, None, [f"{field}=gs://bucket/model"])
-    with pytest.raises(ConfigError, match=r"data\.output: the URI carries credentials \(secret_key\)") as err:
-        load_config(DataJobConfig, None, ["data.output=s3://bucket/x?endpoint_override=h:9000&secret_key=hunter2"])
-    assert "hunter2" not in str(err.value) and "endpoint_override=h:9000" in str(err.value)
-    with pytest.raises(ConfigError, match=r"data\.inputs: the URI carries credentials \(user info\)") as err:
-        load_config(DataJobConfig, None, ["data.inputs=[s3://key:hunter2@bucket/corpus]"])
-    assert "hunter2" not in str(err.value)
-    with pytest.raises(ConfigError, match=r"data\.train: the URI carries credentials \(user info\)") as err:
-        load_config(FinetuneJobConfig, None, ["data.train=s3://key:hunter2@bucket/train.csv"])
-    assert "hunter2" not in str(err.value)
+    message = refused_without_echo(
+        DataJobConfig, "data.output=s3://bucket/x?endpoint_override=h:9000&secret_key=hunter2",
+        r"data\.output: the URI carries credentials \(secret_key\)")
+    assert "endpoint_override=h:9000" in message
+    refused_without_echo(DataJobConfig, "data.inputs=[s3://key:hunter2@bucket/corpus]",
+                         r"data\.inputs: the URI carries credentials \(user info\)")
+    refused_without_echo(FinetuneJobConfig, "data.train=s3://key:hunter2@bucket/train.csv",
+                         r"data\.train: the URI carries credentials \(user info\)")
     with pytest.raises(ConfigError, match=r"data\.output: name a prefix inside the bucket"):
         load_config(DataJobConfig, None, ["data.output=s3://bucket"])
     with pytest.raises(ConfigError, match="is a URI where a local or mounted path is needed"):
