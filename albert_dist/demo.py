@@ -112,7 +112,7 @@ def run_demo(cfg: DemoJobConfig) -> int:
 
     print("[3/6] pretraining")
     pre = pretrain(PretrainJobConfig.model_validate({
-        "run": run, "model": cfg.model, "data": {"output": cfg.data.output},
+        "run": run.model_dump(), "model": cfg.model, "data": {"output": cfg.data.output},
         "masking": cfg.masking.model_dump(exclude={"static"}), "scaling": cfg.scaling,
         "train": cfg.train.model_dump(), "tracking": cfg.tracking}))
 
