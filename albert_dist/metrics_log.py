@@ -122,10 +122,8 @@ class MetricsLogger:
             return empty
         try:
             state = json.loads(read_bytes(self.state_file))
-        except FileNotFoundError:
-            return empty
         except (OSError, ValueError):
-            return empty  # published atomically, so only a foreign file gets here
+            return empty  # none yet; published atomically, so an unreadable one is a foreign file
         if state.get("run_id") != self.run_id:
             return empty
         return {"found": True, "last_step": int(state["last_step"]),

@@ -220,10 +220,10 @@ def _train_worker(config: dict[str, Any]) -> None:
     storage_dir = join_location(config["storage_dir"])
     chosen = resume_directory(ray.train.get_checkpoint(), storage_dir) if rank == 0 else None
     chosen = broadcast_object(chosen, world_size)
-    best_model_dir = config["best_model_dir"] and join_location(config["best_model_dir"])
+    best_model_dir = join_location(config["best_model_dir"]) if config["best_model_dir"] else None
     env = WorkerEnv(rank=rank, world_size=world_size, device=ray.train.torch.get_device(),
                     wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
-                    best_model_dir=best_model_dir or None,
+                    best_model_dir=best_model_dir,
                     resume_dir=checkpointing.local_copy(chosen) if chosen else None, fingerprint=config["fingerprint"])
     train = TrainSection.model_validate(config["train"])
     result = Trainer(task, train, env, seed=config["seed"]).fit()
