@@ -17,8 +17,12 @@ as `zh-<seq>-<vocab>`; evaluation reads the `--seq` data's held-out split):
     python benchmarks/bench_recipes.py --corpus zh --seq 128 --short-seq 64 --steps 600 \
         --arm "phased='train.phases=[{data: zh-64-8000-for128, steps: 540}, {steps: 60}]'"
 
-Corpora: `zh` is Debian's fortunes-zh `chinese` file as blank-line separated documents (`--zh-path`), `en` the
-standard-library docstrings `albert_dist.demo_corpus` extracts. Arm overrides are `--set` strings of a pretraining
+Corpora (`--corpus`): `zh` is Debian's fortunes-zh `chinese` file as blank-line separated documents (`--zh-path`;
+benchmarks/README.md rebuilds it), `en` the standard-library docstrings `albert_dist.demo_corpus` extracts, and
+any other value the path of a text file of blank-line separated documents, such as the Chinese manual pages and
+Python's documentation that `benchmarks/corpora.py` writes.
+`--also-eval-masking` scores every evaluation a second time on other fixed masks, e.g. single-token masks as
+transformers' MLM collator draws them (reported as `also_*`, its time left out of the arm's clock). Arm overrides are `--set` strings of a pretraining
 job (`train.*`, `masking.*`, `model.*`).
 """
 
@@ -66,15 +70,16 @@ def prepare(root: Path, corpus: str, zh_path: str, seq: int, vocab: int, eval_fr
     prepared data `tokenizer_of` (the short phase of a schedule must share the model's vocabulary)."""
     from albert_dist.data.prepare import prepare_dataset
 
-    out = root / (f"{corpus}-{seq}-{vocab}" + (f"-for{tokenizer_of.name.split('-')[1]}" if tokenizer_of else ""))
+    name = corpus if corpus in ("zh", "en") else Path(corpus).stem.replace("-", "_")
+    out = root / (f"{name}-{seq}-{vocab}" + (f"-for{tokenizer_of.name.split('-')[-2]}" if tokenizer_of else ""))
     if (out / "manifest.json").exists():
         return out
-    if corpus == "zh":
-        source, fmt = zh_path, "blocks"
-    else:
+    if corpus == "en":
         from albert_dist.demo_corpus import write_stdlib_corpus
 
         source, fmt = str(write_stdlib_corpus(root / "stdlib_docstrings.txt", 2_000_000)), "blocks"
+    else:
+        source, fmt = zh_path if corpus == "zh" else corpus, "blocks"
     tokenizer = f"tokenizer.path={tokenizer_of / 'tokenizer'}" if tokenizer_of else f"tokenizer.vocab_size={vocab}"
     cfg = load_config(DataJobConfig, None, [
         f"run.output_dir={root}", f"data.inputs=[{source}]", f"data.format={fmt}", f"data.output={out.name}",
@@ -100,19 +105,32 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     splits = {split: MemorySplit(data.shard_paths("train")) for split, data in trained.items()}
     splits["eval"] = MemorySplit(prepared.shard_paths("eval"))
     task = pretraining_spec(cfg, prepared, data_dir, phases=phases).build(0, 1, dataset=lambda split: splits[split])
+    own_eval_batches = task.eval_batches
     if args.eval_masking:
-        evaluate_with_masking(task, prepared.manifest, shlex.split(args.eval_masking))
+        task.eval_batches = evaluated_with_masking(task, own_eval_batches, prepared.manifest,
+                                                   shlex.split(args.eval_masking))
     curve: list[dict] = []
     started = time.perf_counter()
 
     def log_metrics(metrics: dict, step: int) -> None:
         if "eval_mlm_accuracy" in metrics:
-            curve.append({"step": step, "seconds": round(time.perf_counter() - started, 1),
-                          **{k: round(v, 4) for k, v in metrics.items() if k.startswith("eval_")}})
+            point = {"step": step, "seconds": round(time.perf_counter() - started, 1),
+                     **{k: round(v, 4) for k, v in metrics.items() if k.startswith("eval_")}}
+            also = ""
+            if args.also_eval_masking:  # not counted in `seconds`: the arms' clocks stay comparable
+                extra = evaluate_also(trainer, task, own_eval_batches, prepared.manifest,
+                                      shlex.split(args.also_eval_masking))
+                started_shift[0] += extra.pop("seconds")
+                point.update({f"also_{k}": round(v, 4) for k, v in extra.items()})
+                also = (f" | also-masks MLM {extra['eval_mlm_accuracy']:.3f} "
+                        f"(unigram {extra.get('eval_mlm_unigram_baseline', float('nan')):.3f})")
+            point["seconds"] = round(point["seconds"] - started_shift[0], 1)
+            curve.append(point)
             print(f"  {name} step {step}: MLM {metrics['eval_mlm_accuracy']:.3f} (unigram "
                   f"{metrics.get('eval_mlm_unigram_baseline', float('nan')):.3f}) SOP "
-                  f"{metrics['eval_sop_accuracy']:.3f}  {curve[-1]['seconds']:.0f}s", flush=True)
+                  f"{metrics['eval_sop_accuracy']:.3f}{also}  {point['seconds']:.0f}s", flush=True)
 
+    started_shift = [0.0]
     trainer = Trainer(task, cfg.train, WorkerEnv(log_metrics=log_metrics, print_fn=lambda line: None),
                       seed=cfg.run.seed)
     result = trainer.fit()
@@ -122,25 +140,37 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     reached = {f"{metric}>={t}": next((p["step"] for p in curve if p.get(metric, 0) >= t), None)
                for metric, targets in THRESHOLDS.items() for t in targets}
     return {"arm": name, "overrides": overrides, "status": result["status"], "token_slots": token_slots,
-            "seconds": round(time.perf_counter() - started, 1), "reached": reached, "curve": curve}
+            "seconds": round(time.perf_counter() - started - started_shift[0], 1), "reached": reached, "curve": curve}
 
 
-def evaluate_with_masking(task, manifest: dict, overrides: list[str]) -> None:
-    """Make `task` evaluate with the masking `overrides` give (e.g. single-token masks, as transformers' MLM
-    collator draws them) while it trains with its own."""
+def evaluate_also(trainer, task, own_eval_batches, manifest: dict, overrides: list[str]) -> dict:
+    """One more evaluation of the model as it stands, with the masking `overrides` give (the held-out masks fixed
+    as the job's are), and the seconds it took."""
+    started = time.perf_counter()
+    evaluation = task.eval_batches
+    task.eval_batches = evaluated_with_masking(task, own_eval_batches, manifest, overrides)
+    try:
+        metrics = trainer.evaluate()
+    finally:
+        task.eval_batches = evaluation
+    return {**metrics, "seconds": time.perf_counter() - started}
+
+
+def evaluated_with_masking(task, own_eval_batches, manifest: dict, overrides: list[str]):
+    """The task's own evaluation batches (`own_eval_batches`) masked as the masking `overrides` give (e.g.
+    single-token masks, as transformers' MLM collator draws them), while it trains with its own masks."""
     from albert_dist.data.masking import MaskingCollator
 
     eval_collator = MaskingCollator.from_manifest(manifest, load_config(PretrainJobConfig, None, overrides).masking)
-    train_collator, eval_batches = task.collator, task.eval_batches
 
     def masked_for_evaluation():
-        task.collator = eval_collator
+        train_collator, task.collator = task.collator, eval_collator
         try:
-            yield from eval_batches()
+            yield from own_eval_batches()
         finally:
             task.collator = train_collator
 
-    task.eval_batches = masked_for_evaluation
+    return masked_for_evaluation
 
 
 def first_step_sizes(data_dir: Path, args) -> None:
@@ -195,7 +225,8 @@ def table(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", choices=["zh", "en"], default="zh")
+    parser.add_argument("--corpus", default="zh", help="zh (the --zh-path file), en (the standard library's "
+                                                        "docstrings) or a text file of blank-line separated documents")
     parser.add_argument("--zh-path", default="/work/corpora/zh_fortunes.txt")
     parser.add_argument("--data-root", default="/tmp/albert-recipes")
     parser.add_argument("--preset", default="tiny")
@@ -211,6 +242,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-masking", metavar="OVERRIDES",
                         help="evaluate every arm with these masking.* overrides instead of its own masking")
+    parser.add_argument("--also-eval-masking", metavar="OVERRIDES",
+                        help="at each evaluation also evaluate with these masking.* overrides (e.g. single-token "
+                             "masks: \"masking.whole_word=false masking.max_ngram=1\"), reported as also_*")
     parser.add_argument("--arm", action="append", required=True, metavar="NAME=OVERRIDES",
                         help="an arm: its name and space-separated --set overrides")
     parser.add_argument("--out", help="write the results as JSON here")
