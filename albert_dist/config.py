@@ -170,7 +170,8 @@ class TokenizerSection(Section):
 
 
 class MaskingSection(Section):
-    """Masked-LM masking, drawn at training time (pretraining's `masking:`)."""
+    """Masked-LM masking, drawn at training time (pretraining's `masking:`). Pretraining's held-out evaluation
+    draws its fixed masks as the data was prepared (data prepare's `masking:`), so runs compare on the same ones."""
 
     key_hints = {"static": "static masks are chosen when preparing the data: data prepare's masking.static"}
 

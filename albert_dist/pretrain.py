@@ -73,6 +73,9 @@ class PretrainingTask(TrainingTask):
         self.spec, self.rank, self.world_size, self.dataset = spec, rank, world_size, dataset
         self.plateau_warning_after = spec.plateau_warning_after
         self.collator = MaskingCollator.from_manifest(spec.manifest, spec.masking)
+        # held-out masks are drawn as the data was prepared (data prepare's masking:), whatever masking: trains
+        # with: runs that train on other masks (a higher rate, single tokens) are scored on the same positions
+        self.eval_collator = MaskingCollator.from_manifest(spec.manifest)
         self._tokenizer = None
 
     def build_model(self) -> torch.nn.Module:
@@ -141,8 +144,9 @@ class PretrainingTask(TrainingTask):
 
     def eval_batches(self):
         """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it
-        divides the batch size), each masked by a generator seeded with its row number: the same positions at
-        every evaluation, after a resume and with any number of workers, so the metrics compare over time."""
+        divides the batch size), each masked as the data was prepared by a generator seeded with its row number:
+        the same positions at every evaluation, after a resume, with any number of workers and whatever masks
+        training draws, so the metrics compare over time and across runs."""
         if not self.spec.has_eval:
             return
         size = -(-self.spec.batch_size // self.world_size)
@@ -150,14 +154,14 @@ class PretrainingTask(TrainingTask):
                                         world_size=self.world_size, drop_last=False, limit=self.spec.eval_batches):
             count = len(rows["sop_label"])
             yield self.collate(rows, [np.random.default_rng([self.spec.seed, EVAL_MASK_STREAM, first + i])
-                                      for i in range(count)], self.spec.max_seq_length)
+                                      for i in range(count)], self.spec.max_seq_length, self.eval_collator)
 
-    def collate(self, rows, rng, max_seq_length: int) -> dict[str, torch.Tensor]:
-        """The masked batch, packed into rows of `max_seq_length` when `data.packing` is on (masked first: the
-        same masks either way)."""
+    def collate(self, rows, rng, max_seq_length: int, collator=None) -> dict[str, torch.Tensor]:
+        """The batch masked by `collator` (default: the training masks), packed into rows of `max_seq_length`
+        when `data.packing` is on (masked first: the same masks either way)."""
         from albert_dist.data.packing import pack_batch
 
-        batch = self.collator(rows, rng)
+        batch = (collator or self.collator)(rows, rng)
         if not self.spec.packing:
             return batch
         return pack_batch(batch, max_seq_length, self.collator.pad_id, self.collator.pad_to_multiple_of)

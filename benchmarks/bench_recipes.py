@@ -158,17 +158,17 @@ def evaluate_also(trainer, task, own_eval_batches, manifest: dict, overrides: li
 
 def evaluated_with_masking(task, own_eval_batches, manifest: dict, overrides: list[str]):
     """The task's own evaluation batches (`own_eval_batches`) masked as the masking `overrides` give (e.g.
-    single-token masks, as transformers' MLM collator draws them), while it trains with its own masks."""
+    single-token masks, as transformers' MLM collator draws them) instead of as the data was prepared."""
     from albert_dist.data.masking import MaskingCollator
 
     eval_collator = MaskingCollator.from_manifest(manifest, load_config(PretrainJobConfig, None, overrides).masking)
 
     def masked_for_evaluation():
-        train_collator, task.collator = task.collator, eval_collator
+        own_collator, task.eval_collator = task.eval_collator, eval_collator
         try:
             yield from own_eval_batches()
         finally:
-            task.collator = train_collator
+            task.eval_collator = own_collator
 
     return masked_for_evaluation
 
@@ -241,7 +241,7 @@ def main() -> None:
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-masking", metavar="OVERRIDES",
-                        help="evaluate every arm with these masking.* overrides instead of its own masking")
+                        help="evaluate every arm with these masking.* overrides instead of the masking the data was prepared with")
     parser.add_argument("--also-eval-masking", metavar="OVERRIDES",
                         help="at each evaluation also evaluate with these masking.* overrides (e.g. single-token "
                              "masks: \"masking.whole_word=false masking.max_ngram=1\"), reported as also_*")

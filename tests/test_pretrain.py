@@ -137,7 +137,8 @@ def eval_rows(tasks) -> list[tuple]:
     return sorted(rows)
 
 
-def test_held_out_masks_are_the_same_every_time_and_with_any_number_of_workers(prepared, ray_session):
+def test_held_out_masks_are_the_same_every_time_with_any_number_of_workers_and_training_masks(prepared,
+                                                                                              ray_session):
     from albert_dist.data.loading import load_prepared
 
     one = eval_rows([in_process_task(prepared)[0]])
@@ -147,6 +148,13 @@ def test_held_out_masks_are_the_same_every_time_and_with_any_number_of_workers(p
     assert eval_rows([in_process_task(prepared, 2, rank)[0] for rank in range(2)]) == one
     other_seed = eval_rows([in_process_task(prepared, 1, 0, "run.seed=1")[0]])
     assert len(other_seed) == len(one) and other_seed != one  # another run seed, other masks
+    # training on other masks (twice the rate, single tokens) leaves the held-out masks those of the data's masking
+    other_training, _ = in_process_task(prepared, 1, 0, "masking.mlm_probability=0.3", "masking.max_ngram=1",
+                                        "masking.whole_word=false", "masking.max_predictions_per_seq=40")
+    assert eval_rows([other_training]) == one
+    trained_on = [in_process_task(prepared)[0], other_training]
+    masked_share = [float((next(iter(task.train_batches(0)))["labels"] != -100).float().mean()) for task in trained_on]
+    assert masked_share[1] > 1.5 * masked_share[0], masked_share  # while it trains on its own masks
 
 
 def trainer_output(root: Path, *extra: str, task_type=None) -> tuple[dict, list[str]]:
