@@ -14,6 +14,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path, help="bench_recipes.py --out files")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    parser.add_argument("--arm", action="append", help="plot only these arms (default: all)")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
 
@@ -22,7 +23,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = [arm for path in args.results for arm in json.loads(path.read_text())]
+    arms = [arm for path in args.results for arm in json.loads(path.read_text())
+            if not args.arm or arm["arm"] in args.arm]
     fig, (mlm, sop) = plt.subplots(1, 2, figsize=(11, 4))
     for arm in arms:
         steps = [point["step"] for point in arm["curve"]]
