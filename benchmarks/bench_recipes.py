@@ -22,8 +22,8 @@ benchmarks/README.md rebuilds it), `en` the standard-library docstrings `albert_
 any other value the path of a text file of blank-line separated documents, such as the Chinese manual pages and
 Python's documentation that `benchmarks/corpora.py` writes.
 `--also-eval-masking` scores every evaluation a second time on other fixed masks, e.g. single-token masks as
-transformers' MLM collator draws them (reported as `also_*`, its time left out of the arm's clock). Arm overrides are `--set` strings of a pretraining
-job (`train.*`, `masking.*`, `model.*`).
+transformers' MLM collator draws them (reported as `also_*`, its time left out of the arm's clock). Arm overrides
+are `--set` strings of a pretraining job (`train.*`, `masking.*`, `model.*`).
 """
 
 from __future__ import annotations
@@ -110,27 +110,27 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
         task.eval_batches = evaluated_with_masking(task, own_eval_batches, prepared.manifest,
                                                    shlex.split(args.eval_masking))
     curve: list[dict] = []
-    started = time.perf_counter()
+    started, second_evaluations = time.perf_counter(), 0.0  # the latter left out of the arm's clock
 
     def log_metrics(metrics: dict, step: int) -> None:
+        nonlocal second_evaluations
         if "eval_mlm_accuracy" in metrics:
             point = {"step": step, "seconds": round(time.perf_counter() - started, 1),
                      **{k: round(v, 4) for k, v in metrics.items() if k.startswith("eval_")}}
             also = ""
-            if args.also_eval_masking:  # not counted in `seconds`: the arms' clocks stay comparable
+            if args.also_eval_masking:
                 extra = evaluate_also(trainer, task, own_eval_batches, prepared.manifest,
                                       shlex.split(args.also_eval_masking))
-                started_shift[0] += extra.pop("seconds")
+                second_evaluations += extra.pop("seconds")
                 point.update({f"also_{k}": round(v, 4) for k, v in extra.items()})
                 also = (f" | also-masks MLM {extra['eval_mlm_accuracy']:.3f} "
                         f"(unigram {extra.get('eval_mlm_unigram_baseline', float('nan')):.3f})")
-            point["seconds"] = round(point["seconds"] - started_shift[0], 1)
+            point["seconds"] = round(point["seconds"] - second_evaluations, 1)
             curve.append(point)
             print(f"  {name} step {step}: MLM {metrics['eval_mlm_accuracy']:.3f} (unigram "
                   f"{metrics.get('eval_mlm_unigram_baseline', float('nan')):.3f}) SOP "
                   f"{metrics['eval_sop_accuracy']:.3f}{also}  {point['seconds']:.0f}s", flush=True)
 
-    started_shift = [0.0]
     trainer = Trainer(task, cfg.train, WorkerEnv(log_metrics=log_metrics, print_fn=lambda line: None),
                       seed=cfg.run.seed)
     result = trainer.fit()
@@ -140,7 +140,8 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     reached = {f"{metric}>={t}": next((p["step"] for p in curve if p.get(metric, 0) >= t), None)
                for metric, targets in THRESHOLDS.items() for t in targets}
     return {"arm": name, "overrides": overrides, "status": result["status"], "token_slots": token_slots,
-            "seconds": round(time.perf_counter() - started - started_shift[0], 1), "reached": reached, "curve": curve}
+            "seconds": round(time.perf_counter() - started - second_evaluations, 1), "reached": reached,
+            "curve": curve}
 
 
 def evaluate_also(trainer, task, own_eval_batches, manifest: dict, overrides: list[str]) -> dict:
@@ -241,7 +242,8 @@ def main() -> None:
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-masking", metavar="OVERRIDES",
-                        help="evaluate every arm with these masking.* overrides instead of the masking the data was prepared with")
+                        help="evaluate every arm with these masking.* overrides instead of the masking the data "
+                             "was prepared with")
     parser.add_argument("--also-eval-masking", metavar="OVERRIDES",
                         help="at each evaluation also evaluate with these masking.* overrides (e.g. single-token "
                              "masks: \"masking.whole_word=false masking.max_ngram=1\"), reported as also_*")

@@ -8,11 +8,11 @@
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 
 import pyarrow.parquet as pq
 import torch
+
+from albert_dist.data.loading import load_prepared
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     model = transformers.AlbertForPreTraining.from_pretrained(args.model).eval()
     collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15)
-    table = pq.read_table(sorted(glob.glob(os.path.join(args.prepared, "eval", "*.parquet"))))
+    table = pq.read_table(load_prepared(args.prepared).shard_paths("eval"))
     rows = table.select(["input_ids", "token_type_ids", "sop_label"]).to_pylist()
     torch.manual_seed(args.seed)
     mlm_correct = mlm_count = sop_correct = 0
