@@ -49,8 +49,8 @@ def dev_comparison(args) -> None:
     for precision in args.precisions.split(","):
         t_metrics = inference.evaluate(teacher, dev, task="classification", precision=precision)
         s_metrics = inference.evaluate(student, dev, task="classification", precision=precision)
-        t_speed = inference.throughput(teacher, batch, precision, args.repeats)
-        s_speed = inference.throughput(student, batch, precision, args.repeats)
+        speeds = inference.throughputs({"teacher": teacher, "student": student}, batch, precision, args.repeats)
+        t_speed, s_speed = speeds["teacher"], speeds["student"]
         print(f"{precision}: teacher acc {t_metrics['accuracy']:.4f} {t_speed:.0f} seq/s | student acc "
               f"{s_metrics['accuracy']:.4f} {s_speed:.0f} seq/s | share {s_metrics['accuracy'] / t_metrics['accuracy']:.3f}"
               f" | speedup x{s_speed / t_speed:.2f}")
@@ -61,7 +61,7 @@ def shape_comparison(args) -> None:
     models = {name: AlbertForSequenceClassification(AlbertConfig(vocab_size=8000, embedding_size=128, **shape))
               for name, shape in SHAPES.items()}
     for precision in args.precisions.split(","):
-        speeds = {name: inference.throughput(m, batch, precision, args.repeats) for name, m in models.items()}
+        speeds = inference.throughputs(models, batch, precision, args.repeats)
         teacher = speeds["teacher 12L H312"]
         print(f"{precision} (batch {args.batch_size} x {args.seq_len}): " + " | ".join(
             f"{name} {speed:.0f} seq/s (x{speed / teacher:.2f})" for name, speed in speeds.items()))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from albert_dist.config import PretrainJobConfig, load_config
+from albert_dist.config import PrepareMaskingSection, PretrainJobConfig, load_config
 from albert_dist.errors import CheckpointError
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 from albert_dist.pretrain import PretrainingSpec, PretrainingTask
@@ -16,7 +16,8 @@ def pretraining_task(init_from, allow_pickle: bool) -> PretrainingTask:
     """The workers' task as `pretrain` configures it, built outside Ray."""
     cfg = load_config(PretrainJobConfig, None, [f"model.init_from={init_from}", f"model.allow_pickle={allow_pickle}"])
     assert "allow_pickle" not in cfg.model.overrides()  # not an AlbertConfig field
-    manifest = {"tokenizer": {"vocab_size": 60, "pad_id": 0, "mask_id": 4, "special_ids": [0, 1, 2, 3, 4]}}
+    manifest = {"tokenizer": {"vocab_size": 60, "pad_id": 0, "mask_id": 4, "special_ids": [0, 1, 2, 3, 4]},
+                "config": {"masking": PrepareMaskingSection().model_dump()}}  # what data prepare records
     spec = PretrainingSpec(prepared_dir="unused", manifest=manifest, model_config={}, masking=cfg.masking,
                            batch_size=8, max_seq_length=16, seed=0, eval_batches=1, has_eval=False,
                            init_from=cfg.model.init_from, allow_pickle=cfg.model.allow_pickle)

@@ -176,13 +176,15 @@ def test_distilled_student_keeps_teacher_accuracy(classifier, workspace, ray_ses
     m = outcome.metrics
     assert m["student_dev_accuracy"] >= 0.95 * m["teacher_dev_accuracy"]
     assert m["student_share_of_teacher"] >= 0.95
-    # ALBERT shares its layers: half the layers is the same parameter count, but half the compute
-    assert m["student_parameters"] == m["teacher_parameters"] and m["speedup"] > 1.0
+    # ALBERT shares its layers: half the layers is the same parameter count, but less compute (the speedup itself is
+    # timed, hence measured in benchmarks/bench_distill.py, not asserted here)
+    assert m["student_parameters"] == m["teacher_parameters"] and 0.5 < m["student_flops_share"] < 0.9
+    assert m["speedup"] > 0
     assert json.loads((outcome.model_dir / "config.json").read_text())["num_hidden_layers"] == 1
     from mlflow.tracking import MlflowClient
 
     run = MlflowClient(tracking_uri=outcome.tracking_uri).get_run(outcome.run_id)
-    assert {"speedup", "teacher_dev_accuracy", "student_dev_accuracy"} <= set(run.data.metrics)
+    assert {"speedup", "student_flops_share", "teacher_dev_accuracy", "student_dev_accuracy"} <= set(run.data.metrics)
     assert run.data.metrics["model_tflops"] > 0
     assert run.data.tags["albert_dist.source_model"] == str(classifier.model_dir)
 

@@ -223,8 +223,11 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
                     pad_to_multiple_of=cfg.data.pad_to_multiple_of, precision=cfg.train.precision)
     t_metrics, s_metrics = inference.evaluate(teacher, dev, **evaluate), inference.evaluate(student, dev, **evaluate)
     batch = next(data.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
-    speed = {name: inference.throughput(model, batch, cfg.train.precision, cfg.distill.speed_repeats)
-             for name, model in (("teacher", teacher), ("student", student))}
+    speed = inference.throughputs({"teacher": teacher, "student": student}, batch, cfg.train.precision,
+                                  cfg.distill.speed_repeats)
+    seq_len = batch["input_ids"].shape[1]
+    flops = {name: model.flops_per_token(seq_len, training=False) for name, model in (("teacher", teacher),
+                                                                                      ("student", student))}
     out = {f"teacher_dev_{k}": v for k, v in t_metrics.items()}
     out.update({f"student_dev_{k}": v for k, v in s_metrics.items()})
     out.update({
@@ -232,6 +235,7 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
         "teacher_parameters": float(parameter_count(teacher)), "student_parameters": float(parameter_count(student)),
         "teacher_sequences_per_s": speed["teacher"], "student_sequences_per_s": speed["student"],
         "speedup": speed["student"] / speed["teacher"],
+        "student_flops_share": flops["student"] / flops["teacher"],  # the speedup the compute alone would give
     })
     return out
 

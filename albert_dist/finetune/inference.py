@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -77,20 +77,26 @@ def evaluate(model: torch.nn.Module, encoded: data.EncodedSplit, *, task: str, b
 
 
 @torch.no_grad()
-def throughput(model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: str = "fp32",
-               repeats: int = 20, warmup: int = 3) -> float:
-    """Sequences per second of forward passes over `batch` (the median of `repeats` timed passes)."""
-    model.eval()
-    device = next(model.parameters()).device
+def throughputs(models: Mapping[str, torch.nn.Module], batch: dict[str, torch.Tensor], precision: str = "fp32",
+                repeats: int = 20, warmup: int = 3) -> dict[str, float]:
+    """Sequences per second of each model's forward passes over `batch` (the median of `repeats` timed passes).
+
+    The models take turns, one pass each per round, so that whatever else loads the machine meanwhile slows them
+    alike: timed one after the other, a busy spell during one model's passes decided their ratio."""
+    first = next(iter(models.values()))
+    device = next(first.parameters()).device
     precision = amp.resolve_precision(precision, device)
     inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids")}
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for model in models.values():
+        model.eval()
     for i in range(warmup + repeats):
-        start = time.perf_counter()
-        with amp.autocast(precision, device):
-            model(**inputs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return inputs["input_ids"].shape[0] / float(np.median(times))
+        for name, model in models.items():
+            start = time.perf_counter()
+            with amp.autocast(precision, device):
+                model(**inputs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: inputs["input_ids"].shape[0] / float(np.median(t)) for name, t in times.items()}
