@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from albert_dist import mlflow_models, run_lock, tracking
+from albert_dist import run_lock, tracking
 from albert_dist.config import MaskingSection, PretrainJobConfig, flatten
 from albert_dist.errors import ConfigError
 from albert_dist.files import publish_dir
@@ -290,6 +290,9 @@ def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
         if model_dir != local_model:  # uploaded from the local copy, which MLflow logs
             publish_dir(model_dir, lambda d: shutil.copytree(local_model, d, dirs_exist_ok=True))
         run.published(local_model, str(model_dir))
+        # imported here: the workers import this module for PretrainingSpec, and MLflow's pyfunc costs each seconds
+        from albert_dist import mlflow_models
+
         run.log_model(mlflow_models.EncoderModel(), step=int(result.metrics["step"]))
     return PretrainOutcome(model_dir, best_dir, run.uri, run.run_id, result.metrics)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,20 +160,29 @@ def test_a_finetune_interrupted_before_training_ends_its_mlflow_run_failed(works
     assert run.data.params["labels"] == "no,yes" and run.data.tags["albert_dist.job"] == "finetune"
 
 
-def test_distilled_student_keeps_teacher_accuracy(classifier, workspace, ray_session):
-    cfg = DistillJobConfig.model_validate({
-        "run": {"name": "distill", "output_dir": str(workspace / "runs")},
+def distill_config(workspace: Path, classifier, name: str) -> DistillJobConfig:
+    """The classifier distilled into a one-layer student on 2 workers."""
+    return DistillJobConfig.model_validate({
+        "run": {"name": name, "output_dir": str(workspace / "runs")},
         "distill": {"teacher": str(classifier.model_dir), "temperature": 2.0, "alpha": 0.5, "hidden_weight": 0.1,
                     "speed_repeats": 10},
         # the teacher's hidden size kept: the student starts from the teacher's shared layer group, applied once
         "student": {"num_hidden_layers": 1},
         "data": {"train": str(workspace / "train.csv"), "dev": str(workspace / "dev.jsonl"), "max_seq_length": 32},
         "finetune": {"epochs": 4},
-        "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
-        "train": {**FAST_TRAIN, "batch_size": 32, "learning_rate": 2e-3},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+        "train": {**FAST_TRAIN, "batch_size": 16, "learning_rate": 2e-3},
         "tracking": {"tracking_uri": f"sqlite:///{workspace}/mlflow.db"},
     })
-    outcome = distill(cfg)
+
+
+@pytest.fixture(scope="module")
+def distilled(classifier, workspace, ray_session):
+    return distill(distill_config(workspace, classifier, "distill"))
+
+
+def test_distilled_student_keeps_teacher_accuracy(classifier, distilled):
+    outcome = distilled
     m = outcome.metrics
     assert m["student_dev_accuracy"] >= 0.95 * m["teacher_dev_accuracy"]
     assert m["student_share_of_teacher"] >= 0.95
@@ -285,27 +295,16 @@ def dev_metrics(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if "dev_" in k}
 
 
-def test_same_seed_same_machine_same_dev_metrics(classifier, workspace, ray_session):
-    """Fine-tuning again with the classifier's config (another run name), and distilling twice: the same dev
+def test_same_seed_same_machine_same_dev_metrics(classifier, distilled, workspace, ray_session):
+    """Fine-tuning and distilling again with the fixtures' configs (other run names): the same dev
     metrics to the last bit (the precision is fp32; `auto` could pick bf16 on other CPUs, not between two runs)."""
     again = finetune(finetune_config(workspace, run={"name": "classify-again"}))
     assert dev_metrics(classifier.metrics) and dev_metrics(again.metrics) == dev_metrics(classifier.metrics)
 
-    def small_distill(name: str) -> dict:
-        return distill(DistillJobConfig.model_validate({
-            "run": {"name": name, "output_dir": str(workspace / "runs")},
-            "distill": {"teacher": str(classifier.model_dir), "speed_repeats": 1},
-            "student": {"num_hidden_layers": 1},
-            "data": {"train": str(workspace / "train.csv"), "dev": str(workspace / "dev.jsonl"),
-                     "max_seq_length": 32},
-            "finetune": {"epochs": 1},
-            "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
-            "train": FAST_TRAIN,
-            "tracking": {"tracking_uri": f"sqlite:///{workspace}/mlflow.db"},
-        })).metrics
-
-    first, second = small_distill("distill-a"), small_distill("distill-b")
-    assert "student_dev_accuracy" in first and dev_metrics(first) == dev_metrics(second)
+    # distilling again (2 workers, as the fixture did)
+    distilled_again = distill(distill_config(workspace, classifier, "distill-again")).metrics
+    assert "student_dev_accuracy" in distilled_again
+    assert dev_metrics(distilled_again) == dev_metrics(distilled.metrics)
 
 
 def test_the_precision_used_is_explained(monkeypatch):

@@ -123,7 +123,13 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
 
 
 def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_session, tmp_path):
-    raw = sweep_raw(workspace, "resumed", num_samples=3, search_alg="random", scheduler={"kind": "none"})
+    """The sweep's driver killed once its first trial has finished and the second has opened its MLflow run; the
+    same sweep launched again runs only the second trial, in the child run it had."""
+    from albert_dist.tracking import RUN_ID_FILE
+
+    # one trial at a time: the kill lands between a finished trial and a started one without racing a third
+    raw = sweep_raw(workspace, "resumed", num_samples=2, max_concurrent_trials=1, search_alg="random",
+                    scheduler={"kind": "none"})
     config_file = tmp_path / "sweep.yaml"
     config_file.write_text(yaml.safe_dump(raw))
     sweep_dir = workspace / "sweeps" / "resumed"
@@ -136,28 +142,38 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_se
               "run_sweep(load_config(FinetuneTuneConfig, sys.argv[1]))")
     proc = subprocess.Popen([sys.executable, "-c", script, str(config_file)], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def started_unfinished() -> set[str]:
+        """Trials that opened their MLflow run, which the saved state records but not as finished."""
+        started = {p.parent.name for p in sweep_dir.glob(f"trials/*/{RUN_ID_FILE}")}
+        return started & set(trials_in_state(sweep_dir)) - finished_in_state(sweep_dir)
+
     try:
         deadline = time.time() + 600  # trials start slowly on a loaded machine
-        while len(finished_in_state(sweep_dir)) < 1 and time.time() < deadline and proc.poll() is None:
-            time.sleep(1)
+        while not (finished_in_state(sweep_dir) and started_unfinished()) and time.time() < deadline \
+                and proc.poll() is None:
+            time.sleep(0.5)
         assert proc.poll() is None, "the sweep ended before it could be killed"
-        finished_before = finished_in_state(sweep_dir)
-        assert finished_before
+        finished_before, interrupted = finished_in_state(sweep_dir), started_unfinished()
+        assert len(finished_before) == 1 and len(interrupted) == 1
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     kill_time = time.time()
     outcomes_before = {p.parent.name: p.stat().st_mtime for p in sweep_dir.glob(f"trials/*/{OUTCOME_FILE}")}
+    [interrupted_run] = [(sweep_dir / "trials" / t / RUN_ID_FILE).read_text().strip() for t in interrupted]
 
     outcome = run_sweep(load_config(FinetuneTuneConfig, config_file))
-    assert len(outcome.rows) == 3 and all(r["stop_reason"] == "completed" for r in outcome.rows)
-    for trial_id in finished_before:  # finished trials were not run again
+    assert len(outcome.rows) == 2 and all(r["stop_reason"] == "completed" for r in outcome.rows)
+    for trial_id in finished_before:  # the finished trial was not run again
         assert outcomes_before[trial_id] < kill_time
         assert (sweep_dir / "trials" / trial_id / OUTCOME_FILE).stat().st_mtime == outcomes_before[trial_id]
     client, runs = children(outcome.tracking_uri, outcome.parent_run_id)
     trial_ids = [r.data.tags[TRIAL_TAG] for r in runs]
     assert sorted(trial_ids) == sorted(r["trial_id"] for r in outcome.rows)  # one child per trial, no duplicate
     assert all(r.info.status == "FINISHED" for r in runs)
+    # the interrupted trial finished in the child run it had opened before the kill
+    assert {r.info.run_id for r in runs if r.data.tags[TRIAL_TAG] in interrupted} == {interrupted_run}
 
 
 def test_distillation_sweep_applies_student_shape_and_distill_weights(workspace, ray_session):
@@ -205,21 +221,25 @@ def test_distillation_sweep_applies_student_shape_and_distill_weights(workspace,
     assert best_job.distill.alpha == pytest.approx(outcome.best["distill.alpha"])
 
 
-def finished_in_state(sweep_dir: Path) -> set[str]:
-    """Trial ids the sweep's saved Tune state records as finished: what a restore will not run again."""
+def trials_in_state(sweep_dir: Path) -> dict[str, str]:
+    """Trial id → status in the sweep's saved Tune state: what a restore knows (TERMINATED ones it will not run
+    again)."""
     import json
 
-    finished = set()
+    trials = {}
     for state in sweep_dir.glob("experiment_state-*.json"):
         try:
-            trials = json.loads(state.read_text())["trial_data"]
+            saved = json.loads(state.read_text())["trial_data"]
         except (OSError, ValueError, KeyError):
             continue
-        for trial_json, _ in trials:
+        for trial_json, _ in saved:
             trial = json.loads(trial_json)
-            if trial["status"] == "TERMINATED":
-                finished.add(trial["trial_id"])
-    return finished
+            trials[trial["trial_id"]] = trial["status"]
+    return trials
+
+
+def finished_in_state(sweep_dir: Path) -> set[str]:
+    return {trial for trial, status in trials_in_state(sweep_dir).items() if status == "TERMINATED"}
 
 
 @pytest.mark.parametrize("space, message", [
