@@ -223,11 +223,10 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
                     pad_to_multiple_of=cfg.data.pad_to_multiple_of, precision=cfg.train.precision)
     t_metrics, s_metrics = inference.evaluate(teacher, dev, **evaluate), inference.evaluate(student, dev, **evaluate)
     batch = next(data.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
-    speed = inference.throughputs({"teacher": teacher, "student": student}, batch, cfg.train.precision,
-                                  cfg.distill.speed_repeats)
-    seq_len = batch["input_ids"].shape[1]
-    flops = {name: model.flops_per_token(seq_len, training=False) for name, model in (("teacher", teacher),
-                                                                                      ("student", student))}
+    models = {"teacher": teacher, "student": student}
+    speed = inference.throughputs(models, batch, cfg.train.precision, cfg.distill.speed_repeats)
+    flops = {name: model.flops_per_token(batch["input_ids"].shape[1], training=False)
+             for name, model in models.items()}
     out = {f"teacher_dev_{k}": v for k, v in t_metrics.items()}
     out.update({f"student_dev_{k}": v for k, v in s_metrics.items()})
     out.update({
@@ -310,7 +309,8 @@ def run_distill(cfg: DistillJobConfig) -> int:
     print(f"parameters: teacher {m['teacher_parameters'] / 1e6:.2f}M, student {m['student_parameters'] / 1e6:.2f}M; "
           f"inference ({cfg.train.precision}, batch {cfg.distill.speed_batch_size}): teacher "
           f"{m['teacher_sequences_per_s']:.0f}/s, student {m['student_sequences_per_s']:.0f}/s, "
-          f"speedup ×{m['speedup']:.2f}")
+          f"speedup ×{m['speedup']:.2f} (the student computes {100 * m['student_flops_share']:.0f}% of the "
+          f"teacher's FLOPs)")
     print(f"student model: {outcome.model_dir}")
     print(tracking.where_to_find(outcome.tracking_uri, outcome.run_id))
     return 0
