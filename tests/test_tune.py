@@ -145,8 +145,9 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_se
 
     def started_unfinished() -> set[str]:
         """Trials that opened their MLflow run, which the saved state records but not as finished."""
-        started = {p.parent.name for p in sweep_dir.glob(f"trials/*/{RUN_ID_FILE}")}
-        return started & set(trials_in_state(sweep_dir)) - finished_in_state(sweep_dir)
+        saved = trials_in_state(sweep_dir)
+        return {p.parent.name for p in sweep_dir.glob(f"trials/*/{RUN_ID_FILE}")
+                if saved.get(p.parent.name, "TERMINATED") != "TERMINATED"}
 
     try:
         deadline = time.time() + 600  # trials start slowly on a loaded machine
