@@ -45,7 +45,7 @@ def timed_steps(task, model, optimizer, batches: list[tuple[int, dict]]) -> tupl
 
 def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import SHUFFLE_BUFFER
+    from albert_dist.pretrain_task import SHUFFLE_BUFFER
     from albert_dist.train.feed import rank_batches
 
     data_dir = prepare(root, seq)

@@ -9,7 +9,7 @@ import torch
 from albert_dist.config import PrepareMaskingSection, PretrainJobConfig, load_config
 from albert_dist.errors import CheckpointError
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
-from albert_dist.pretrain import PretrainingSpec, PretrainingTask
+from albert_dist.pretrain_task import PretrainingSpec, PretrainingTask
 
 
 def pretraining_task(init_from, allow_pickle: bool) -> PretrainingTask:

@@ -170,7 +170,7 @@ def trainer_output(root: Path, *extra: str, task_type=None) -> tuple[dict, list[
 
 
 def test_evaluation_shows_the_unigram_baseline_and_warns_once_on_the_plateau(prepared, ray_session):
-    from albert_dist.pretrain import PretrainingTask
+    from albert_dist.pretrain_task import PretrainingTask
 
     labels = [label for _, row in eval_rows([in_process_task(prepared)[0]]) for label in row if label != -100]
     most_frequent = max(labels.count(label) for label in set(labels))
@@ -323,3 +323,18 @@ def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, c
     assert float(run.data.params["suggested_learning_rate"]) == pytest.approx(suggested, rel=0.05)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "lr_range_test")}
     assert {"lr_range_test/lr_range_test.png", "lr_range_test/lr_range_test.json"} <= artifacts
+
+
+@pytest.mark.parametrize("task_module", ["albert_dist.pretrain_task", "albert_dist.finetune.task"])
+def test_a_worker_imports_its_task_without_the_drivers_tracking(task_module):
+    """Every Ray Train worker imports its task's module: it must not pull in the driver's MLflow run handling or
+    MLflow's model logging (seconds of CPU for each worker of every job)."""
+    import subprocess
+    import sys
+
+    driver_side = ["mlflow", "pandas", "albert_dist.tracking", "albert_dist.mlflow_models", "albert_dist.pretrain",
+                   "albert_dist.finetune.job"]
+    check = (f"import sys, {task_module}; "
+             f"print(','.join(m for m in {driver_side!r} if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == ""

@@ -1,0 +1,170 @@
+"""What a Ray Train worker runs for `albert-dist pretrain`: the MLM + SOP task, built on the worker from the
+`PretrainingSpec` the driver (albert_dist/pretrain.py) sends it.
+
+Kept apart from the driver so that a worker imports the model, the data feed and the masking, not the driver's
+tracking, data validation and model logging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from albert_dist.config import MaskingSection
+from albert_dist.model import AlbertConfig, AlbertForPreTraining
+from albert_dist.train.feed import rank_batches
+from albert_dist.train.loop import TaskSpec, TrainingTask
+
+SHUFFLE_BUFFER = 2048
+EVAL_MASK_STREAM = 7919  # seeds the held-out masks apart from any training batch's
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """What a worker reads in one training phase: its dataset's name, batch size and sequence length."""
+
+    split: str
+    steps: int
+    batch_size: int
+    max_seq_length: int
+
+
+@dataclass(frozen=True)
+class PretrainingSpec(TaskSpec):
+    """A pretraining job's task, as `pretraining_spec` builds it from the job config and the prepared data."""
+
+    prepared_dir: str  # the prepared data's location (its tokenizer is saved with every model)
+    manifest: dict[str, Any]
+    model_config: dict[str, Any]
+    masking: MaskingSection
+    batch_size: int
+    max_seq_length: int
+    seed: int
+    eval_batches: int
+    has_eval: bool
+    init_from: str | None = None
+    allow_pickle: bool = False
+    plateau_warning_after: float | None = None
+    packing: bool = False
+    phases: tuple[PhaseSpec, ...] = ()
+
+    def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> PretrainingTask:
+        return PretrainingTask(self, rank, world_size, dataset)
+
+
+class PretrainingTask(TrainingTask):
+    best_metric, best_mode = "eval_mlm_accuracy", "max"
+
+    def __init__(self, spec: PretrainingSpec, rank: int, world_size: int, dataset: Callable[[str], Any]):
+        from albert_dist.data.masking import MaskingCollator
+
+        self.spec, self.rank, self.world_size, self.dataset = spec, rank, world_size, dataset
+        self.plateau_warning_after = spec.plateau_warning_after
+        self.collator = MaskingCollator.from_manifest(spec.manifest, spec.masking)
+        # held-out masks are drawn as the data was prepared (data prepare's masking:), whatever masking: trains
+        # with: runs that train on other masks (a higher rate, single tokens) are scored on the same positions
+        self.eval_collator = MaskingCollator.from_manifest(spec.manifest)
+        self._tokenizer = None
+
+    def build_model(self) -> torch.nn.Module:
+        if self.spec.init_from:
+            return AlbertForPreTraining.from_pretrained(self.spec.init_from, allow_pickle=self.spec.allow_pickle)
+        return AlbertForPreTraining(AlbertConfig.from_dict(self.spec.model_config))
+
+    def loss(self, model, batch):
+        from albert_dist.data.packing import PACKED_INPUTS
+
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"], labels=batch["labels"],
+                    sentence_order_label=batch["sentence_order_label"],
+                    **{key: batch[key] for key in PACKED_INPUTS if key in batch})
+        n_masked = out.mlm_labels.numel()
+        n_pairs = batch["sentence_order_label"].numel()
+        stats = {
+            "mlm_loss_sum": out.mlm_loss.detach() * n_masked,
+            "mlm_correct": (out.prediction_logits.argmax(-1) == out.mlm_labels).sum(),
+            "mlm_count": torch.tensor(float(n_masked)),
+            "sop_loss_sum": out.sop_loss.detach() * n_pairs,
+            "sop_correct": (out.sop_logits.argmax(-1) == batch["sentence_order_label"]).sum(),
+            "sop_count": torch.tensor(float(n_pairs)),
+        }
+        if not model.training:  # evaluation: the label histogram gives the split's unigram baseline
+            stats["mlm_label_counts"] = torch.bincount(out.mlm_labels.detach().cpu(),
+                                                       minlength=self.collator.vocab_size)
+        return out.loss, stats
+
+    def summarize(self, sums):
+        mlm_n, sop_n = max(1.0, sums.get("mlm_count", 0.0)), max(1.0, sums.get("sop_count", 0.0))
+        mlm_loss, sop_loss = sums.get("mlm_loss_sum", 0.0) / mlm_n, sums.get("sop_loss_sum", 0.0) / sop_n
+        metrics = {"loss": mlm_loss + sop_loss, "mlm_loss": mlm_loss, "sop_loss": sop_loss,
+                   "mlm_accuracy": sums.get("mlm_correct", 0.0) / mlm_n,
+                   "sop_accuracy": sums.get("sop_correct", 0.0) / sop_n}
+        if "mlm_label_counts" in sums:
+            # always predicting the most frequent masked piece: the accuracy a model that learned nothing reaches
+            metrics["mlm_unigram_baseline"] = max(sums["mlm_label_counts"]) / mlm_n
+        return metrics
+
+    def evaluation_line(self, metrics: dict[str, float]) -> str:
+        return (f"eval MLM accuracy {metrics['eval_mlm_accuracy']:.3f} (unigram baseline "
+                f"{metrics['eval_mlm_unigram_baseline']:.3f}) | eval SOP accuracy {metrics['eval_sop_accuracy']:.3f}"
+                f" (chance 0.5) | eval loss {metrics['eval_loss']:.4g}")
+
+    def plateau(self, metrics: dict[str, float]) -> tuple[str, float, float]:
+        return "held-out MLM accuracy", metrics["eval_mlm_accuracy"], metrics["eval_mlm_unigram_baseline"]
+
+    def phases(self) -> list[int]:
+        return [phase.steps for phase in self.spec.phases]
+
+    def phase(self, index: int) -> PhaseSpec:
+        """Phase `index` (without phases: data.output's, for all the steps)."""
+        if self.spec.phases:
+            return self.spec.phases[index]
+        return PhaseSpec("train", 0, self.spec.batch_size, self.spec.max_seq_length)
+
+    def train_batches(self, epoch, phase=0):
+        from albert_dist.data.masking import batch_rng
+
+        seed, spec = self.spec.seed, self.phase(phase)
+        for index, (_, rows) in enumerate(rank_batches(self.dataset(spec.split), batch_size=spec.batch_size,
+                                                       rank=self.rank, world_size=self.world_size, seed=seed + epoch,
+                                                       shuffle_buffer=SHUFFLE_BUFFER)):
+            yield self.collate(rows, batch_rng(seed, epoch, self.rank, index), spec.max_seq_length)
+
+    def eval_batches(self):
+        """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it
+        divides the batch size), each masked as the data was prepared by a generator seeded with its row number:
+        the same positions at every evaluation, after a resume, with any number of workers and whatever masks
+        training draws, so the metrics compare over time and across runs."""
+        if not self.spec.has_eval:
+            return
+        size = -(-self.spec.batch_size // self.world_size)
+        for first, rows in rank_batches(self.dataset("eval"), batch_size=size, rank=self.rank,
+                                        world_size=self.world_size, drop_last=False, limit=self.spec.eval_batches):
+            count = len(rows["sop_label"])
+            yield self.collate(rows, [np.random.default_rng([self.spec.seed, EVAL_MASK_STREAM, first + i])
+                                      for i in range(count)], self.spec.max_seq_length, self.eval_collator)
+
+    def collate(self, rows, rng, max_seq_length: int, collator=None) -> dict[str, torch.Tensor]:
+        """The batch masked by `collator` (default: the training masks), packed into rows of `max_seq_length`
+        when `data.packing` is on (masked first: the same masks either way)."""
+        from albert_dist.data.packing import pack_batch
+
+        batch = (collator or self.collator)(rows, rng)
+        if not self.spec.packing:
+            return batch
+        return pack_batch(batch, max_seq_length, self.collator.pad_id, self.collator.pad_to_multiple_of)
+
+    def save_model(self, model, directory: Path) -> None:
+        from albert_dist.data.loading import load_prepared
+
+        model.save_pretrained(directory)
+        if self._tokenizer is None:  # through the data's filesystem: the prepared data may be a URI
+            self._tokenizer = load_prepared(self.spec.prepared_dir).tokenizer
+        self._tokenizer.save(directory)
+
+    def flops_per_token(self, model, phase=0) -> float:
+        return model.flops_per_token(self.phase(phase).max_seq_length)
