@@ -131,9 +131,10 @@ def run_demo(cfg: DemoJobConfig) -> int:
         "model": {"init_from": str(pre.model_dir)}, "finetune": {"epochs": None}, "train": ft_train})
     ft = finetune(ft_cfg)
     print("[4/6] the same fine-tuning from a random init of the same shape (what pretraining buys is the difference)")
+    random_init = random_init_like(pre.model_dir, root, cfg.run.seed)
     scratch = finetune(ft_cfg.model_copy(update={
         "run": ft_cfg.run.model_copy(update={"name": "demo-finetune-random-init"}),
-        "model": ft_cfg.model.model_copy(update={"init_from": str(_random_init(pre.model_dir, root, cfg.run.seed))})}))
+        "model": ft_cfg.model.model_copy(update={"init_from": str(random_init)})}))
 
     print(f"[5/6] distilling into a {cfg.student_layers}-layer student")
     ds = distill(DistillJobConfig.model_validate({
@@ -159,7 +160,7 @@ def _start_fresh(root: Path) -> None:
     print(f"{root} held an earlier demo: moved to {previous}; this run starts fresh")
 
 
-def _random_init(pretrained: Path, root: Path, seed: int) -> Path:
+def random_init_like(pretrained: Path, root: Path, seed: int) -> Path:
     """An untrained model of the pretrained one's shape, with its tokenizer: the fine-tuning baseline."""
     import torch
 

@@ -13,14 +13,27 @@ Each is written as blank-line separated documents (data prepare's `blocks` forma
   comments, headings and indented blocks (code, directive bodies) are dropped, inline markup is reduced to its
   text.
 (Debian's fortunes-zh `chinese` file, the other Chinese corpus, is rebuilt as benchmarks/README.md shows.)
+
+    python benchmarks/corpora.py zh-manpage-sections /work/corpora/zh_sections
+
+`zh-manpage-sections` is a Chinese short-text classification set from the same pages: the Chinese description
+of each page's NAME line ("ls \\- 列出目录内容" → "列出目录内容"; the names before "\\-" are dropped, they would
+give the answer away) labelled with the page's section (1 commands, 3 library calls, 5 file formats, 7 overviews
+and SQL statements, 8 administration; sections 2, 4 and 6 have under 15 pages and are left out). A quarter of the
+descriptions, chosen by hash, are the dev set (pages sharing a description, grep and egrep, fall together; each
+description is kept once). It writes `train.jsonl` and `dev.jsonl` ({"text", "label"}) and `pretrain_corpus.txt`:
+the `zh-manpages` text of the training pages only, so a model pretrained on it has never seen a dev page.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import re
+import zlib
 from pathlib import Path
+from collections import Counter
 from typing import Iterator
 
 MANPAGES = Path("/usr/share/man/zh_CN")
@@ -30,6 +43,11 @@ ROFF_PARAGRAPH = re.compile(r"^\.(PP|P|LP|SH|SS|TP|IP|HP|sp|br)\b")
 ROFF_ESCAPES = re.compile(r"\\f[BIRP]|\\f\(..|\\\(..|\\[-e&|^ ]|\\s[-+]?\d")
 RST_ROLE = re.compile(r":[\w:-]+:`(?:[^`<]*<)?([^`>]*)>?`")  # :func:`name` and :ref:`text <target>` → their text
 RST_MARKUP = re.compile(r"``|\*\*|(?<!\w)\*(?=\S)|(?<=\S)\*(?!\w)|`_?_?")
+NAME_SECTION = re.compile(r"^\.SH\s.*(NAME|名称|名字)", re.IGNORECASE)
+SECTION_MACRO = re.compile(r"^\.S[HS]\b", re.IGNORECASE)
+TEXT_MACRO = re.compile(r"^\.(B|BR|I|IR)\s+")
+MAX_DESCRIPTION_CHARS = 80  # a NAME line; longer means the page's NAME section could not be told from its body
+SECTIONS = ("1", "3", "5", "7", "8")
 RST_UNDERLINE = re.compile(r"^([=\-~^\"'*+#`:.])\1{2,}\s*$")
 
 
@@ -65,6 +83,55 @@ def rst_text(raw: str) -> str:
     return "\n".join(p for p in paragraphs if len(p.split()) >= 8)
 
 
+def name_description(raw: str) -> str | None:
+    """The Chinese description of a page's NAME section: after its "\\-" (man) or its `.Nd` line (mdoc)."""
+    lines = raw.splitlines()
+    start = next((i for i, line in enumerate(lines) if NAME_SECTION.match(line)), None)
+    if start is None:
+        return None
+    body = []
+    for line in lines[start + 1:]:
+        if SECTION_MACRO.match(line):
+            break
+        if line.startswith(".Nd "):
+            body = [r"\-", line[4:]]
+        elif not line.startswith((".", "'")) or TEXT_MACRO.match(line):
+            body.append(TEXT_MACRO.sub("", line))
+    description = ROFF_ESCAPES.sub("", " ".join(body).split("\\-", 1)[-1]).replace("\\", "").strip()
+    return description if HAN.search(description) and len(description) <= MAX_DESCRIPTION_CHARS else None
+
+
+def is_dev(description: str) -> bool:
+    """A quarter of the descriptions, by hash: pages that share one (grep, egrep) land in the same split."""
+    return zlib.crc32(description.encode()) % 4 == 0
+
+
+def write_section_task(out: Path) -> None:
+    rows = {"train": [], "dev": []}
+    corpus, seen = [], set()
+    for page in sorted(MANPAGES.glob("man*/*.gz")):
+        section, raw = page.parent.name[3:], read_manpage(page)
+        description = name_description(raw)
+        if section not in SECTIONS or description is None:
+            continue
+        split = "dev" if is_dev(description) else "train"
+        if description not in seen:
+            rows[split].append({"text": description, "label": section})
+            seen.add(description)
+        if split == "train" and (text := manpage_text(raw)):
+            corpus.append(text)
+    if not corpus:
+        raise SystemExit(f"no pages under {MANPAGES}: apt-get install manpages-zh")
+    out.mkdir(parents=True, exist_ok=True)
+    for split, split_rows in rows.items():
+        (out / f"{split}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in split_rows),
+                                            encoding="utf-8")
+        labels = sorted(Counter(r["label"] for r in split_rows).items())
+        print(f"{out / split}.jsonl: {len(split_rows)} rows, labels {labels}")
+    (out / "pretrain_corpus.txt").write_text("\n\n".join(corpus) + "\n", encoding="utf-8")
+    print(f"{out / 'pretrain_corpus.txt'}: {len(corpus)} training pages")
+
+
 def read_manpage(path: Path) -> str:
     data = gzip.open(path).read()
     try:
@@ -88,9 +155,11 @@ def documents(corpus: str) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpus", choices=["zh-manpages", "en-pydocs"])
+    parser.add_argument("corpus", choices=["zh-manpages", "en-pydocs", "zh-manpage-sections"])
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
+    if args.corpus == "zh-manpage-sections":
+        return write_section_task(args.out)
     docs = list(documents(args.corpus))
     text = "\n\n".join(docs) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
