@@ -52,7 +52,8 @@ def test_predict_keeps_columns_restores_order_and_truncates_at_the_saved_length(
     rows = [{"id": i, "text": sentence(rng, [], 2 + 2 * i), "label": rng.choice(["neg", "pos"])}
             for i in range(24)]  # 2 to 48 words: many beyond 16 tokens
     source = write_csv(tmp_path / "in.csv", rows)
-    assert run_predict(model_dir, source, tmp_path / "out.jsonl", batch_size=4) == 24
+    # fp32: the reference below runs in fp32, and `auto` picks bf16 on CPUs with native bf16 (1e-2 apart)
+    assert run_predict(model_dir, source, tmp_path / "out.jsonl", batch_size=4, precision="fp32") == 24
     table = data.read_table(tmp_path / "out.jsonl").to_pydict()
     assert [table[k] for k in ("id", "text", "label")] == [[r[k] for r in rows] for k in ("id", "text", "label")]
     probabilities = np.array([table["prob_neg"], table["prob_pos"]]).T
