@@ -1,7 +1,9 @@
-"""How Ray Train workers are set up by `run_training`, seen from inside the workers of a real Ray Train run."""
+"""`run_training` on a real Ray Train run: how its workers are set up (seen from inside them) and how the driver learns
+the way a run ended (diverged; resumed at its end after Ray lost its last report)."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +13,9 @@ import torch
 
 from albert_dist.config import ScalingSection, TrainSection
 from albert_dist.train.loop import TaskSpec
-from albert_dist.train.ray_runner import run_training, torch_threads
+from albert_dist.train.ray_runner import TrainingDiverged, run_training, torch_threads
+
+pytestmark = pytest.mark.slow  # every test here runs Ray Train on the session's Ray
 
 
 @dataclass(frozen=True)
@@ -62,3 +66,42 @@ def test_a_local_ray_runs_training_without_a_preemption_watcher(two_cpu_run, ray
     classes = sorted({actor.class_name for actor in list_actors(filters=[("job_id", "=", job)], limit=10_000)})
     assert "TrainController" in classes, classes
     assert "PreemptionWatcher" not in classes, classes
+
+
+@dataclass(frozen=True)
+class KeywordSpec(TaskSpec):
+    """test_loop's KeywordTask on every worker; its loss turns NaN after `poison_from_step` calls when given."""
+
+    poison_from_step: int | None = None
+
+    def build(self, rank, world_size, dataset):
+        from test_loop import KeywordTask
+
+        return KeywordTask(poison_from_step=self.poison_from_step)
+
+
+def test_a_diverged_run_stops_with_its_message_and_keeps_the_last_good_checkpoint(tmp_path, ray_session):
+    """The loss turns NaN for good after 5 calls: the run stops 3 non-finite steps later with the loop's message,
+    though the stop reports no checkpoint for Ray to carry it, and the checkpoint of step 4 stays."""
+    with pytest.raises(TrainingDiverged, match="not finite for 3 consecutive steps"):
+        run_training(name="diverged", storage_path=tmp_path, task=KeywordSpec(poison_from_step=5),
+                     train=TrainSection(max_steps=12, warmup_steps=0, log_every=4, eval_every=4, checkpoint_every=4,
+                                        max_nonfinite_steps=3, precision="fp32"),
+                     scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
+    assert [json.loads((d / "manifest.json").read_text())["step"]
+            for d in (tmp_path / "diverged").glob("checkpoint_*") if d.is_dir()] == [4]
+
+
+def test_a_relaunched_finished_run_whose_last_report_ray_lost_ends_at_its_end(tmp_path, ray_session):
+    """A run whose last checkpoint is stored but not in Ray's record (its record cut off, as a crash or a full disk
+    leaves it, or a node lost right after the report) is relaunched: it resumes at its last step, trains no further
+    and reports its end again, so the result is the end of the run, evaluated, not Ray's older record or nothing."""
+    train = TrainSection(max_steps=4, warmup_steps=0, log_every=2, eval_every=2, checkpoint_every=2,
+                         precision="fp32")
+    run = dict(name="ended", storage_path=tmp_path, task=KeywordSpec(), train=train,
+               scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
+    first = run_training(**run)
+    (tmp_path / "ended" / "checkpoint_manager_snapshot.json").write_text('{"checkpoint_results": [')
+    again = run_training(**run)
+    assert again.metrics["step"] == 4 and again.metrics["resumed_from_step"] == 4
+    assert again.metrics["eval_accuracy"] == first.metrics["eval_accuracy"]

@@ -210,27 +210,38 @@ class Trainer:
                 window, window_start, window_steps = {}, time.perf_counter(), 0
             evaluate = pos.step % s.eval_every == 0 or last or self.task.should_evaluate(pos.step)
             checkpoint = self.checkpoints.due(pos.step) or last
-            stop = False
-            if evaluate:
-                metrics.update(self.evaluate())
-                self.checkpoints.keep_best(metrics, self.model)
-                self._show_evaluation(metrics)
-                if self.env.log_metrics:
-                    self.env.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval_")}, pos.step)
-                stop = self.task.should_stop(metrics)
-                if stop:
-                    metrics["stopped_early"] = 1.0
-            if last or stop:
-                metrics["replicas_identical"] = float(self.replicas_identical())
-                metrics["resumed_from_step"] = float(start_step if self.env.resume_dir is not None else -1)
-            if evaluate or checkpoint:
-                self.checkpoints.report({**metrics, "step": pos.step, "epoch": pos.epoch}, self.model,
-                                        self._state() if checkpoint or stop else None)
-            if stop:
+            if self._evaluate_and_report(metrics, evaluate, checkpoint, last, start_step):
                 if self.env.is_main:
                     self.env.print_fn(f"early stop at step {pos.step}: {self.task.best_metric} did not improve")
                 return {**metrics, "status": "stopped_early", "step": pos.step}
+        if self.env.resume_dir is not None and start_step == s.max_steps:
+            # resumed a run that had already ended: its last report may never have reached Ray (a node lost
+            # right after it), so the end is evaluated and reported again and the run's result is its end
+            self._evaluate_and_report(metrics, True, True, True, start_step)
         return {**metrics, "status": "completed", "step": pos.step}
+
+    def _evaluate_and_report(self, metrics: dict[str, Any], evaluate: bool, checkpoint: bool, last: bool,
+                             start_step: int) -> bool:
+        """The end of a step: evaluate (into `metrics`), keep the best model, report with a checkpoint when one is
+        due. True when the task stops early."""
+        pos = self.position
+        stop = False
+        if evaluate:
+            metrics.update(self.evaluate())
+            self.checkpoints.keep_best(metrics, self.model)
+            self._show_evaluation(metrics)
+            if self.env.log_metrics:
+                self.env.log_metrics({k: v for k, v in metrics.items() if k.startswith("eval_")}, pos.step)
+            stop = self.task.should_stop(metrics)
+            if stop:
+                metrics["stopped_early"] = 1.0
+        if last or stop:
+            metrics["replicas_identical"] = float(self.replicas_identical())
+            metrics["resumed_from_step"] = float(start_step if self.env.resume_dir is not None else -1)
+        if evaluate or checkpoint:
+            self.checkpoints.report({**metrics, "step": pos.step, "epoch": pos.epoch}, self.model,
+                                    self._state() if checkpoint or stop else None)
+        return stop
 
     def replicas_identical(self) -> bool:
         """Whether every rank holds bit-identical weights (DDP's promise), by comparing per-tensor checksums."""

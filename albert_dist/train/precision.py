@@ -26,7 +26,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     """`auto` → bf16 where the hardware computes it natively (GPUs with bf16, AMX CPUs), else fp32."""
     if precision != "auto":
         if precision == "fp16" and device.type != "cuda":
-            raise ConfigError("train.precision=fp16 needs a GPU (scaling.use_gpu=true); use bf16 or fp32 on CPU")
+            raise ConfigError("precision fp16 needs a GPU (training: scaling.use_gpu=true); use bf16 or fp32 on CPU")
         return precision
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"

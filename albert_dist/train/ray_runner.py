@@ -109,9 +109,12 @@ def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: 
         from albert_dist.metrics_log import STATE_FILE, send_left_behind
 
         send_left_behind(*tracking, join_location(storage_dir, STATE_FILE))
+    # how rank 0's fit ended: Ray's `result.metrics` only holds what came with a checkpoint, and a diverged run
+    # stops without one
+    ended = result.return_value or {}
+    if ended.get("status") == "diverged":
+        raise TrainingDiverged(ended["message"])
     metrics = dict(result.metrics or {})
-    if metrics.get("diverged"):
-        raise TrainingDiverged(str(metrics.get("message", "training diverged")))
     # the newest checkpoint that passes its checksums (Ray's latest record, or a newer one it had not registered)
     checkpoint = resume_directory(result.checkpoint, storage_dir, _silent)
     return TrainingResult(metrics, checkpointing.local_copy(checkpoint) if checkpoint else None, storage_dir)
@@ -202,7 +205,7 @@ def _check_relaunch(storage_dir: Path | str, name: str, fingerprint: dict[str, A
         mlflow_tracking.set_tags(*tracking, {f"albert_dist.resume_changes.step_{step}": "; ".join(changes)})
 
 
-def _train_worker(config: dict[str, Any]) -> None:
+def _train_worker(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(config["torch_threads"])
     _quiet_report_log()
     context = ray.train.get_context()
@@ -229,8 +232,7 @@ def _train_worker(config: dict[str, Any]) -> None:
     result = Trainer(task, train, env, seed=config["seed"]).fit()
     if logger is not None:
         logger.flush()
-    if result["status"] == "diverged":
-        ray.train.report({"diverged": 1.0, "message": result["message"], "step": result["step"]})
+    return {key: result[key] for key in ("status", "step", "message") if key in result}  # plain values only
 
 
 def _report(metrics: dict[str, Any], checkpoint_dir: Path | None) -> None:
