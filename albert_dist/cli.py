@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--text-column", default="text")
     predict.add_argument("--text-pair-column")
     predict.add_argument("--batch-size", type=int, default=64)
+    predict.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                         help="auto: bf16 where the hardware computes it natively, else fp32 (fp16: GPUs only)")
     predict.set_defaults(handler=_predict)
 
     from albert_dist import jobs_client
@@ -129,7 +131,7 @@ def _predict(args: argparse.Namespace) -> int:
     from albert_dist.finetune.predict import run_predict
 
     rows = run_predict(args.model, args.input, args.output, text_column=args.text_column,
-                       text_pair_column=args.text_pair_column, batch_size=args.batch_size)
+                       text_pair_column=args.text_pair_column, batch_size=args.batch_size, precision=args.precision)
     print(f"wrote {rows} predictions to {args.output}")
     return 0
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from albert_dist.cli import main
 from albert_dist.errors import DataError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.predict import run_predict
@@ -62,6 +63,26 @@ def test_predict_keeps_columns_restores_order_and_truncates_at_the_saved_length(
     assert table["predicted_label"] == [["neg", "pos"][i] for i in probabilities.argmax(1)]
     untruncated = row_probabilities(model_dir, texts, 128)
     assert np.abs(probabilities - untruncated).max() > 1e-3  # the saved length did cut the long rows
+
+
+def test_the_command_predicts_in_the_precision_it_is_given(model_dir, tmp_path, capsys):
+    """`albert-dist predict --precision`: bf16 writes bf16's probabilities (off fp32's by up to ~1e-2, measured),
+    fp32 fp32's to the last digit, whatever `auto` would pick on this CPU; fp16 on a CPU is refused in a line."""
+    source = write_csv(tmp_path / "in.csv", [{"text": sentence(random.Random(i), [], 12)} for i in range(8)])
+    probabilities = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / f"{precision}.parquet"
+        assert main(["predict", "--model", str(model_dir), "--input", str(source), "--output", str(out),
+                     "--precision", precision]) == 0
+        probabilities[precision] = np.array(data.read_table(out).column("prob_pos").to_pylist())
+    reference = row_probabilities(model_dir, [r["text"] for r in data.read_table(source).to_pylist()], SAVED_LENGTH)
+    np.testing.assert_allclose(probabilities["fp32"], reference[:, 1], atol=1e-5)
+    assert np.abs(probabilities["bf16"] - probabilities["fp32"]).max() > 1e-4
+    assert main(["predict", "--model", str(model_dir), "--input", str(source), "--output",
+                 str(tmp_path / "fp16.csv"), "--precision", "fp16"]) == 2
+    assert capsys.readouterr().err == ("albert-dist: error: precision fp16 needs a GPU (training: "
+                                       "scaling.use_gpu=true); use bf16 or fp32 on CPU\n")
+    assert not (tmp_path / "fp16.csv").exists()
 
 
 def test_a_column_the_prediction_would_write_is_refused(model_dir, tmp_path):
