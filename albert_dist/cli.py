@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--text-pair-column")
     predict.add_argument("--batch-size", type=int, default=64)
     predict.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                         help="auto: bf16 where the hardware computes it natively, else fp32 (fp16: GPUs only)")
+                         help="auto: bf16 where the hardware computes it natively, else fp16 on a GPU, fp32 on a CPU")
     predict.set_defaults(handler=_predict)
 
     from albert_dist import jobs_client
