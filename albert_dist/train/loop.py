@@ -214,10 +214,10 @@ class Trainer:
                 if self.env.is_main:
                     self.env.print_fn(f"early stop at step {pos.step}: {self.task.best_metric} did not improve")
                 return {**metrics, "status": "stopped_early", "step": pos.step}
-        if self.env.resume_dir is not None and start_step == s.max_steps:
+        if start_step == s.max_steps:
             # resumed a run that had already ended: its last report may never have reached Ray (a node lost
             # right after it), so the end is evaluated and reported again and the run's result is its end
-            self._evaluate_and_report(metrics, True, True, True, start_step)
+            self._evaluate_and_report(metrics, evaluate=True, checkpoint=True, last=True, start_step=start_step)
         return {**metrics, "status": "completed", "step": pos.step}
 
     def _evaluate_and_report(self, metrics: dict[str, Any], evaluate: bool, checkpoint: bool, last: bool,
