@@ -7,7 +7,6 @@ sections below. Unknown keys and impossible values raise `ConfigError` with one 
 from __future__ import annotations
 
 import os
-import urllib.parse
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -15,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from albert_dist.errors import ConfigError
+from albert_dist.redaction import redact_url, refuse_uri_credentials
+from albert_dist.storage import is_uri, join_location, resolve_path, staging_dir, uri_path
 
 
 class Section(BaseModel):
@@ -41,7 +42,7 @@ class OutputSection(Section):
     def _local_output_dir(cls, output_dir: str) -> str:
         if is_uri(output_dir):
             if cls.uri_output:
-                _refuse_uri_credentials(output_dir)
+                refuse_uri_credentials(output_dir)
                 return output_dir
             raise ValueError("a URI, but the run directory (its lock file, checkpoints, models, the default MLflow "
                              "SQLite store) is written with local file operations: give a local path or a mount "
@@ -217,7 +218,7 @@ class PreparationSection(Section):
     @field_validator("output")
     @classmethod
     def _output_uri_names_a_prefix(cls, output: str) -> str:
-        _refuse_uri_credentials(output)
+        refuse_uri_credentials(output)
         if is_uri(output) and not output.startswith("file://") and "/" not in uri_path(output).strip("/"):
             raise ValueError("name a prefix inside the bucket (s3://bucket/prefix): publishing replaces "
                              "everything under it")
@@ -239,7 +240,7 @@ class DataSection(PreparationSection):
     @classmethod
     def _inputs_without_secrets(cls, inputs: list[str]) -> list[str]:
         for item in inputs:
-            _refuse_uri_credentials(item)
+            refuse_uri_credentials(item)
         return inputs
 
 
@@ -470,31 +471,6 @@ def changed_from_default(section: BaseModel, names) -> list[str]:
     return [name for name in names if getattr(section, name) != type(section).model_fields[name].default]
 
 
-def resolve_path(path: str | Path, base: str | Path | None = None) -> Path:
-    """Absolute form of a local `path`; relative paths sit under `base`, else $ALBERT_DIST_HOME, else the current
-    directory. A URI is refused (`Path("s3://b/x")` would be the local `s3:/b/x`): see `resolve_location`.
-
-    Ray jobs run in a temporary copy of the working directory, so outputs must never stay relative to it.
-    """
-    if is_uri(path):
-        raise ConfigError(f"{path} is a URI where a local or mounted path is needed")
-    p = Path(path).expanduser()
-    if p.is_absolute():
-        return p
-    root = Path(base) if base is not None else Path(os.environ.get("ALBERT_DIST_HOME", os.getcwd()))
-    return (root / p).resolve()
-
-
-def resolve_location(path: str, base: str | Path | None = None) -> str:
-    """`resolve_path` for places pyarrow's filesystems reach (`albert_dist.data.readers.filesystem`): URIs
-    (`s3://...`, `gs://...`, `file://...`) unchanged, local paths absolute."""
-    return path if is_uri(path) else str(resolve_path(path, base))
-
-
-def is_uri(path: str | Path) -> bool:
-    return "://" in str(path)
-
-
 def local_path(value: str | None) -> str | None:
     """A field validator's check for paths read with local file operations (model and tokenizer directories)."""
     if value is not None and is_uri(value):
@@ -507,50 +483,8 @@ def local_path(value: str | None) -> str | None:
 def without_credentials(value: str | None) -> str | None:
     """A field validator's check for locations that may be URIs: credentials in one are refused."""
     if value is not None:
-        _refuse_uri_credentials(value)
+        refuse_uri_credentials(value)
     return value
-
-
-def join_location(base: str | Path, *parts: str) -> Path | str:
-    """`base/part/...`: a Path for a local `base`; for a URI, its path extended (`s3://b/x?region=r` and `y`:
-    `s3://b/x/y?region=r`)."""
-    if not is_uri(base):
-        return Path(base).joinpath(*parts)
-    split = urllib.parse.urlsplit(str(base))
-    return urllib.parse.urlunsplit(split._replace(path="/".join([split.path.rstrip("/"), *parts])))
-
-
-def staging_dir(location: str) -> Path:
-    """The local directory of a URI `location` (a run's, a model's, a checkpoint's): its staging and download
-    cache, `$ALBERT_DIST_STAGING/<scheme>/<bucket>/<key>`, by default under `$XDG_CACHE_HOME/albert-dist` (else
-    ~/.cache/albert-dist). The same on every launch on a host: a relaunch finds its lock and downloads there."""
-    root = os.environ.get("ALBERT_DIST_STAGING") or Path(
-        os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "albert-dist"
-    return Path(root, urllib.parse.urlsplit(location).scheme, *uri_path(location).strip("/").split("/"))
-
-
-def uri_path(uri: str) -> str:
-    """The bucket and key of `uri` (`bucket/prefix` of `s3://bucket/prefix?region=x`)."""
-    parts = urllib.parse.urlsplit(uri)
-    return parts.netloc.rpartition("@")[2] + parts.path
-
-
-#: pyarrow's URI options that carry credentials (`s3://bucket/x?secret_key=...`)
-_URI_SECRETS = {"access_key", "secret_key", "session_token"}
-
-
-def _refuse_uri_credentials(location: str) -> None:
-    """Refuse a URI that carries credentials: config values are logged to MLflow, stored in checkpoints and in
-    the prepared data's manifest. Credentials come from the environment (AWS_ACCESS_KEY_ID, ...)."""
-    if not is_uri(location):
-        return
-    parts = urllib.parse.urlsplit(location)
-    secrets = _URI_SECRETS & set(urllib.parse.parse_qs(parts.query))
-    if "@" in parts.netloc or secrets:
-        what = ", ".join(sorted(secrets)) or "user info"
-        raise ValueError(f"the URI carries credentials ({what}): they would be logged with the config; set them "
-                         f"in the environment instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-                         f"GOOGLE_APPLICATION_CREDENTIALS)")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -615,7 +549,6 @@ def validate_config(cls: type[ConfigT], raw: dict[str, Any], source: str = "conf
 
 
 def format_validation_error(err: ValidationError, cls: type[BaseModel] | None = None) -> str:
-    from albert_dist.tracking import redact_url  # tracking imports this module
 
     problems = []
     for e in err.errors():

@@ -28,7 +28,7 @@ from pydantic import Field
 from albert_dist.config import (DataJobConfig, ModelSection, PreparationSection, PrepareMaskingSection,
                                 PretrainingTrainSection, PretrainJobConfig, RunSection, ScalingSection, Section,
                                 TokenizerSection, TrackingSection)
-from albert_dist.files import publish_dir, publish_file
+from albert_dist.storage import publish_dir, publish_file
 
 class DemoJobConfig(Section):
     run: RunSection = Field(default_factory=lambda: RunSection(name="demo", output_dir="runs/demo"))
@@ -87,7 +87,7 @@ def _publish_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
 
 
 def run_demo(cfg: DemoJobConfig) -> int:
-    from albert_dist.config import resolve_path
+    from albert_dist.storage import resolve_path
     from albert_dist.data.prepare import run_prepare
     from albert_dist.demo_corpus import write_stdlib_corpus
     from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
@@ -211,6 +211,6 @@ def _summary(pre, ft, scratch, ds, sweep_table: str | None, ui: str) -> None:
           f"{m['speedup']:.2f}x faster  → {ds.model_dir}")
     if sweep_table:
         print("\nfine-tuning sweep:\n" + sweep_table)
-    from albert_dist.tracking import redact_url
+    from albert_dist.redaction import redact_url
 
     print(f"\nMLflow: {redact_url(ft.tracking_uri)}\nMLflow UI: {ui}")

@@ -14,7 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from albert_dist.files import publish_text
+from albert_dist.storage import publish_text
 
 # Modules that print, open windows or have import-time side effects.
 _SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3", "ensurepip",

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from albert_dist import job_registry
 from albert_dist.errors import AlbertDistError
 from albert_dist.ray_init import WORKER_ENV
-from albert_dist.tracking import is_secret_name, redact_url
+from albert_dist.redaction import is_secret_name, redact_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT_ROOT = "/mnt/shared/albert-dist"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.errors import AlbertDistError
-from albert_dist.files import publish_text, read_bytes
+from albert_dist.storage import publish_text, read_bytes
 
 #: the logger's state file, in the run's storage directory (a local path, or a URI: where a worker restarted on
 #: another node finds it)
@@ -78,7 +78,7 @@ class MetricsLogger:
             self._send()
         except Exception as err:  # noqa: BLE001 - tracking must never stop training
             if not self._warned:
-                from albert_dist.tracking import redact_url
+                from albert_dist.redaction import redact_url
 
                 print(f"warning: MLflow unreachable ({type(err).__name__}: {redact_url(str(err))[:200]}); "
                       f"buffering metrics and retrying at the next log step")
@@ -92,7 +92,7 @@ class MetricsLogger:
         return not self.pending
 
     def _send(self) -> None:
-        from albert_dist.tracking import redact_url
+        from albert_dist.redaction import redact_url
 
         client = self._client()
         while self.pending:

@@ -18,7 +18,7 @@ from typing import Any
 from albert_dist import mlflow_models, run_lock, tracking
 from albert_dist.config import PretrainJobConfig, flatten
 from albert_dist.errors import ConfigError
-from albert_dist.files import publish_dir
+from albert_dist.storage import publish_dir
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 from albert_dist.pretrain_task import PhaseSpec, PretrainingSpec
 from albert_dist.train import checkpointing

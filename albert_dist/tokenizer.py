@@ -26,7 +26,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from albert_dist.errors import TokenizerError
-from albert_dist.files import publish_bytes, publish_file
+from albert_dist.storage import publish_bytes, publish_file
 
 SPIECE_FILE = "spiece.model"
 SPIECE_VOCAB_FILE = "spiece.vocab"

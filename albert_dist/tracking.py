@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from albert_dist.config import dump_yaml, flatten, join_location
+from albert_dist.config import dump_yaml, flatten
+from albert_dist.storage import join_location
 from albert_dist.errors import TrackingError
+from albert_dist.redaction import redact, redact_url
 
-from albert_dist.files import publish_text, read_bytes
+from albert_dist.storage import publish_text, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +36,6 @@ DIGEST_CHARS = 12  # of a dataset digest (MLflow keeps at most 36)
 DATASET_LOG_ATTEMPTS = 5  # concurrent runs logging one dataset: see log_datasets
 # How a store reports a unique key taken by a concurrent insert (SQLite, PostgreSQL, MySQL; through a server too)
 _KEY_COLLISION = re.compile(r"UNIQUE constraint failed|duplicate key|Duplicate entry|IntegrityError")
-# Values of parameters and tags whose names look like these are never logged.
-_SECRET_NAME = re.compile(r"(token|password|passwd|secret|credential|api[_-]?key|access[_-]?key)", re.I)
-# The user info of a URL (`https://user:password@host`): written as *** wherever a URL is shown or logged.
-_URL_USER_INFO = re.compile(r"(?P<scheme>\b[a-zA-Z][\w+.-]*://)[^/@\s]+@")
-# A URL's query parameter (`?secret_key=...`): its value is written as *** when the name looks like a secret's.
-_URL_QUERY_PARAM = re.compile(r"(?P<key>[?&](?P<name>[^=&#\s]+)=)[^&#\s'\"]*")
 
 
 def _client(tracking_uri: str):
@@ -168,24 +164,6 @@ def code_version() -> str:
         return version("albert-dist")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return commit + ("-dirty" if dirty else "")
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a parameter or environment variable name looks like it holds a secret (token, password, key)."""
-    return bool(_SECRET_NAME.search(name))
-
-
-def redact(params: dict[str, Any]) -> dict[str, Any]:
-    """Drop values whose key names a secret (tokens, passwords, keys) and the user info of URLs in the others."""
-    return {k: ("***" if is_secret_name(k) else redact_url(v) if isinstance(v, str) else v)
-            for k, v in params.items()}
-
-
-def redact_url(text: str, mask: str = "***@") -> str:
-    """`text` with the user info (`user:password@`) of every URL in it replaced by `mask`, and the values of its
-    query parameters named like secrets (`?secret_key=...`) by ***."""
-    text = _URL_USER_INFO.sub(lambda match: match["scheme"] + mask, text)
-    return _URL_QUERY_PARAM.sub(lambda m: m["key"] + "***" if is_secret_name(m["name"]) else m[0], text)
 
 
 def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
@@ -388,7 +366,7 @@ def path_digest(path: str | Path) -> str:
     """sha256 of a file, or of a directory's files (their relative paths and contents)."""
     import hashlib
 
-    from albert_dist.files import sha256_file
+    from albert_dist.storage import sha256_file
 
     path = Path(path)
     if path.is_file():

@@ -13,7 +13,8 @@ import sys
 
 from albert_dist import job_registry
 from albert_dist.cli import _add_config_flags
-from albert_dist.config import is_uri, load_config
+from albert_dist.config import load_config
+from albert_dist.storage import is_uri
 from albert_dist.errors import AlbertDistError, ConfigError
 
 # Set by Ray's job supervisor in the environment of a submitted job's entrypoint.

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from albert_dist.errors import AlbertDistError, CheckpointError, DataError
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.train import checkpointing
-from albert_dist.files import publish_dir
+from albert_dist.storage import publish_dir
 from albert_dist.train.loop import Trainer, WorkerEnv
 from test_data_support import english_tokenizer  # noqa: F401 - fixture
 from test_loop import Checkpoints, KeywordTask, settings

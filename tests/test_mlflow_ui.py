@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
-from albert_dist.files import sha256_file
+from albert_dist.storage import sha256_file
 from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
 from finetune_helpers import FILLER, KEYWORDS, single_rows, write_csv
 from mlflow_server import free_port, start_server, stop_server

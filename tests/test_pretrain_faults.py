@@ -305,7 +305,7 @@ def test_relaunch_with_other_settings_or_data_is_refused_unless_allowed(prepared
     import pyarrow.parquet as pq
     from mlflow.tracking import MlflowClient
 
-    from albert_dist.files import sha256_file
+    from albert_dist.storage import sha256_file
     from albert_dist.train.ray_runner import ChangedRelaunch
 
     with pytest.raises(ChangedRelaunch, match=r"train\.learning_rate 0\.003 → 0\.004"):

@@ -21,7 +21,8 @@ import pytest
 from finetune_helpers import single_rows, write_csv, write_jsonl
 from mlflow_server import free_port
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config, resolve_path
+from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.storage import resolve_path
 from albert_dist.errors import ConfigError, DataError
 from albert_dist.finetune.config import FinetuneJobConfig
 
@@ -271,7 +272,7 @@ def test_upload_replaces_the_old_dataset_whole(tmp_path):
     """Publishing to a URI (here file://, the same code as s3://) leaves the new dataset and nothing of the old
     one: a stale shard of a bigger old dataset is gone, the manifest is the new one."""
     from albert_dist.data.prepare import MANIFEST
-    from albert_dist.files import upload_dir
+    from albert_dist.storage import upload_dir
 
     target = tmp_path / "out"
     (target / "train").mkdir(parents=True)
@@ -292,7 +293,7 @@ def test_a_directory_published_to_a_uri_is_fetched_whole_or_refused(tmp_path, mo
     `published.json`, written last; `fetch_dir` downloads it into the staging directory and refuses a directory
     without the marker (an upload cut off) or with a file changed since; a republish replaces the local copy."""
     from albert_dist.errors import CheckpointError
-    from albert_dist.files import PUBLISHED, fetch_dir, publish_dir, publish_text, read_bytes
+    from albert_dist.storage import PUBLISHED, fetch_dir, publish_dir, publish_text, read_bytes
 
     monkeypatch.setenv("ALBERT_DIST_STAGING", str(tmp_path / "staging"))
     uri = f"file://{tmp_path}/bucket/run/model"

@@ -16,12 +16,12 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow.fs as pafs
 
-from albert_dist.config import is_uri
+from albert_dist.storage import is_uri
 from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.prepare import FORMAT_VERSION, MANIFEST
-from albert_dist.data.readers import filesystem
+from albert_dist.storage import filesystem
 from albert_dist.errors import DataError, TokenizerError
-from albert_dist.files import publish_text, sha256_stream
+from albert_dist.storage import publish_text, sha256_stream
 
 
 #: the largest share of the cluster's object store that `data.cache: auto` fills with a prepared dataset

@@ -22,14 +22,16 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, is_uri, join_location, resolve_location, resolve_path
+from albert_dist.config import DataJobConfig, PretrainJobConfig
+from albert_dist.storage import is_uri, join_location, resolve_location, resolve_path
 from albert_dist.data.instances import InstanceSpec
 from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, DocumentProcessor, ProcessSettings,
                                       document_sentences, summarize_counts)
-from albert_dist.data.readers import filesystem, read_documents, resolve_inputs
+from albert_dist.data.readers import read_documents, resolve_inputs
+from albert_dist.storage import filesystem
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
-from albert_dist.files import publishing_dir, sha256_file, upload_dir
+from albert_dist.storage import publishing_dir, sha256_file, upload_dir
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -309,8 +311,8 @@ def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, su
 def _staging(location: str):
     """A local staging directory, published to `location` on success (replacing what was there), else removed.
 
-    Local outputs are staged next to the target and swapped in (`files.publishing_dir`); URIs are staged locally
-    and uploaded (`files.upload_dir`, the manifest last: a dataset is only read through its manifest).
+    Local outputs are staged next to the target and swapped in (`storage.publishing_dir`); URIs are staged locally
+    and uploaded (`storage.upload_dir`, the manifest last: a dataset is only read through its manifest).
     """
     with disk_full_errors(f"the prepared data for {location}", DataError):
         if not is_uri(location):

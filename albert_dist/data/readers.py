@@ -20,22 +20,13 @@ from typing import Any, Callable
 import pyarrow.fs as pafs
 
 from albert_dist.errors import DataError
+from albert_dist.storage import filesystem
 
 _GLOB_CHARS = "*?["
 _JSONL_EXTENSIONS = (".jsonl", ".json", ".ndjson")
 _PARQUET_EXTENSIONS = (".parquet", ".pq")
 
 Document = dict[str, Any]  # {"doc_key": str, "text": str, "presplit": bool}
-
-
-def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and in-filesystem path of a local path or a URI (s3://, gs://, hdfs://, file://)."""
-    if "://" in location:
-        try:
-            return pafs.FileSystem.from_uri(location)
-        except Exception as err:  # noqa: BLE001 - pyarrow raises several types for bad or unsupported URIs
-            raise DataError(f"cannot open {location}: {err}") from None
-    return pafs.LocalFileSystem(), str(Path(location).expanduser().resolve())
 
 
 def resolve_inputs(inputs: list[str]) -> list[str]:

@@ -43,7 +43,7 @@ def read_table(location: str | Path, fmt: str = "auto") -> pa.Table:
     import pyarrow.json as pajson
     import pyarrow.parquet as pq
 
-    from albert_dist.data.readers import filesystem
+    from albert_dist.storage import filesystem
 
     location = str(location)
     fs, path = filesystem(location)

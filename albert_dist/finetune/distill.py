@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from albert_dist import run_lock, tracking
 from albert_dist.errors import ConfigError
-from albert_dist.files import publish_dir
+from albert_dist.storage import publish_dir
 from albert_dist.finetune import data, inference, job
 from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask

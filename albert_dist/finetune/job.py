@@ -1,7 +1,7 @@
 """`albert-dist finetune`: the driver. It reads and tokenizes the task data, derives the schedule from the epochs,
 opens the MLflow run (linked to the source model), runs the fine-tuning task on Ray Train and publishes the best
 dev checkpoint as `<run_dir>/model`, then reports its dev and test metrics. `model.init_from` and `run.output_dir`
-may be URIs (`s3://...`): the model is downloaded to a local cache (`files.fetch_dir`), the best checkpoint
+may be URIs (`s3://...`): the model is downloaded to a local cache (`storage.fetch_dir`), the best checkpoint
 published there by the workers and downloaded back for the final metrics.
 
 The helpers here (data preparation, schedule, lineage, the training call) are shared with distillation.
@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist import run_lock, tracking
-from albert_dist.config import TrainBase, TrainSection, flatten, is_uri, join_location
+from albert_dist.config import TrainBase, TrainSection, flatten
+from albert_dist.storage import is_uri, join_location
 from albert_dist.errors import ConfigError
-from albert_dist.files import fetch_dir, read_bytes
+from albert_dist.storage import fetch_dir, read_bytes
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
 from albert_dist.finetune.task import ClassificationSpec

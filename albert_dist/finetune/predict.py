@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from albert_dist.errors import DataError
-from albert_dist.files import publish_file
+from albert_dist.storage import publish_file
 from albert_dist.finetune import data, inference
 from albert_dist.model.checkpoint import load_config
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from albert_dist.files import fetch_dir
+from albert_dist.storage import fetch_dir
 from albert_dist.finetune import data, inference, lr_groups, metrics
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.tokenizer import load_tokenizer

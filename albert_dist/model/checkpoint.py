@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from albert_dist.errors import AlbertDistError, CheckpointError
-from albert_dist.files import publish_file
+from albert_dist.storage import publish_file
 from albert_dist.model.config import AlbertConfig
 
 logger = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import torch
 
-from albert_dist.config import is_uri, join_location
+from albert_dist.storage import is_uri, join_location
 from albert_dist.errors import CheckpointError, disk_full_errors
-from albert_dist.files import download_dir, publish_bytes, publish_dir, read_bytes, sha256_file
+from albert_dist.storage import download_dir, publish_bytes, publish_dir, read_bytes, sha256_file
 from albert_dist.train.collectives import gather_objects
 
 MANIFEST = "manifest.json"
@@ -139,7 +139,7 @@ def _checkpoint_dirs(storage_dir: Path | str) -> list[Path | str]:
         return [p for p in Path(storage_dir).glob("checkpoint_*") if p.is_dir()]
     import pyarrow.fs as pafs
 
-    from albert_dist.data.readers import filesystem
+    from albert_dist.storage import filesystem
 
     fs, path = filesystem(str(storage_dir))
     return [join_location(storage_dir, info.base_name)
@@ -149,7 +149,7 @@ def _checkpoint_dirs(storage_dir: Path | str) -> list[Path | str]:
 
 def local_copy(checkpoint: Path | str) -> Path:
     """The checkpoint's files on this machine: a local checkpoint as it is; one at a URI downloaded into its
-    staging directory (`config.staging_dir`; kept while its manifest is the same, verify it with
+    staging directory (`storage.staging_dir`; kept while its manifest is the same, verify it with
     `verify_manifest`), the run's other downloaded checkpoints removed from there."""
     if not is_uri(checkpoint):
         return Path(checkpoint)

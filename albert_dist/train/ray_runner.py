@@ -21,7 +21,8 @@ import torch
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
-from albert_dist.config import ScalingSection, TrainSection, is_uri, join_location
+from albert_dist.config import ScalingSection, TrainSection
+from albert_dist.storage import is_uri, join_location
 from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is_disk_full
 from albert_dist.train import checkpointing
 from albert_dist.train.collectives import broadcast_object

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 
 from albert_dist import tracking
-from albert_dist.files import publish_text
+from albert_dist.storage import publish_text
 from albert_dist.tune.report import stop_reason, trial_best
 
 PARENT_TAG = "mlflow.parentRunId"

@@ -15,8 +15,9 @@ from typing import Any
 from albert_dist.config import dump_yaml
 from albert_dist.console import quiet_optuna, tune_verbosity
 from albert_dist.errors import AlbertDistError
-from albert_dist.files import publish_dir
-from albert_dist.tracking import JobRun, redact_url
+from albert_dist.storage import publish_dir
+from albert_dist.redaction import redact_url
+from albert_dist.tracking import JobRun
 from albert_dist.finetune.distill import PROJECTION_FILE
 from albert_dist.tune import mlflow_runs, report, space
 from albert_dist.tune.config import TuneJobConfig

@@ -1,4 +1,4 @@
-"""Small file helpers: checksums, and publishing a file or a directory so that readers see the old or the new
+"""The storage layer: local paths and `s3://`/`gs://` URIs (resolve, join, filesystem, staging), checksums, and publishing a file or a directory so that readers see the old or the new
 one, complete, at every moment; the same for locations in object storage (`s3://`, `gs://`, through pyarrow's
 filesystems), and reading them back.
 
@@ -24,19 +24,80 @@ import socket
 import sys
 import tempfile
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from albert_dist.config import is_uri, join_location, staging_dir
-from albert_dist.errors import AlbertDistError, CheckpointError, disk_full_errors
+from albert_dist.errors import AlbertDistError, CheckpointError, ConfigError, DataError, disk_full_errors
 
 #: written last into a directory published to a URI (`publishing_dir`): its files and their sha256
 PUBLISHED = "published.json"
 _HOST = socket.gethostname()
 _IN_FLIGHT: set[str] = set()  # this process's temporary copies still being written (other threads' included)
 _IN_FLIGHT_LOCK = threading.Lock()
+
+
+def resolve_path(path: str | Path, base: str | Path | None = None) -> Path:
+    """Absolute form of a local `path`; relative paths sit under `base`, else $ALBERT_DIST_HOME, else the current
+    directory. A URI is refused (`Path("s3://b/x")` would be the local `s3:/b/x`): see `resolve_location`.
+
+    Ray jobs run in a temporary copy of the working directory, so outputs must never stay relative to it.
+    """
+    if is_uri(path):
+        raise ConfigError(f"{path} is a URI where a local or mounted path is needed")
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    root = Path(base) if base is not None else Path(os.environ.get("ALBERT_DIST_HOME", os.getcwd()))
+    return (root / p).resolve()
+
+
+def resolve_location(path: str, base: str | Path | None = None) -> str:
+    """`resolve_path` for places pyarrow's filesystems reach (`filesystem`): URIs
+    (`s3://...`, `gs://...`, `file://...`) unchanged, local paths absolute."""
+    return path if is_uri(path) else str(resolve_path(path, base))
+
+
+def is_uri(path: str | Path) -> bool:
+    return "://" in str(path)
+
+
+def join_location(base: str | Path, *parts: str) -> Path | str:
+    """`base/part/...`: a Path for a local `base`; for a URI, its path extended (`s3://b/x?region=r` and `y`:
+    `s3://b/x/y?region=r`)."""
+    if not is_uri(base):
+        return Path(base).joinpath(*parts)
+    split = urllib.parse.urlsplit(str(base))
+    return urllib.parse.urlunsplit(split._replace(path="/".join([split.path.rstrip("/"), *parts])))
+
+
+def staging_dir(location: str) -> Path:
+    """The local directory of a URI `location` (a run's, a model's, a checkpoint's): its staging and download
+    cache, `$ALBERT_DIST_STAGING/<scheme>/<bucket>/<key>`, by default under `$XDG_CACHE_HOME/albert-dist` (else
+    ~/.cache/albert-dist). The same on every launch on a host: a relaunch finds its lock and downloads there."""
+    root = os.environ.get("ALBERT_DIST_STAGING") or Path(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "albert-dist"
+    return Path(root, urllib.parse.urlsplit(location).scheme, *uri_path(location).strip("/").split("/"))
+
+
+def uri_path(uri: str) -> str:
+    """The bucket and key of `uri` (`bucket/prefix` of `s3://bucket/prefix?region=x`)."""
+    parts = urllib.parse.urlsplit(uri)
+    return parts.netloc.rpartition("@")[2] + parts.path
+
+
+def filesystem(location: str):
+    """The pyarrow filesystem and in-filesystem path of a local path or a URI (s3://, gs://, hdfs://, file://)."""
+    import pyarrow.fs  # pyarrow loads in a second: only code that reads or writes pays for it
+
+    if "://" in location:
+        try:
+            return pyarrow.fs.FileSystem.from_uri(location)
+        except Exception as err:  # noqa: BLE001 - pyarrow raises several types for bad or unsupported URIs
+            raise DataError(f"cannot open {location}: {err}") from None
+    return pyarrow.fs.LocalFileSystem(), str(Path(location).expanduser().resolve())
 
 
 def sha256_file(path: str | Path) -> str:
@@ -61,7 +122,7 @@ def publish_file(path: str | Path, write: Callable[[Path], object], *,
     if is_uri(path):
         with disk_full_errors(str(path), error), tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp:
             write(Path(tmp, "file"))
-            fs, target = _filesystem(path)
+            fs, target = filesystem(str(path))
             if fs.type_name == "local":  # a file:// URI: its directory may not exist yet (object stores have none)
                 fs.create_dir(target.rpartition("/")[0], recursive=True)
             with open(Path(tmp, "file"), "rb") as source, fs.open_output_stream(target) as out:
@@ -206,19 +267,13 @@ def _swap_in(staging: Path, target: Path) -> None:
     _remove(aside)
 
 
-def _filesystem(location: str | Path):
-    from albert_dist.data.readers import filesystem  # imported here: the data package imports this module
-
-    return filesystem(str(location))
-
-
 def read_bytes(location: str | Path) -> bytes:
     """The content of a local file or of an object at a URI; FileNotFoundError when there is none."""
     if not is_uri(location):
         return Path(location).read_bytes()
     import pyarrow.fs as pafs
 
-    fs, path = _filesystem(location)
+    fs, path = filesystem(str(location))
     if fs.get_file_info(path).type != pafs.FileType.File:
         raise FileNotFoundError(str(location))
     with fs.open_input_stream(path) as stream:
@@ -233,7 +288,7 @@ def upload_dir(stage: Path, location: str, *, last: str) -> None:
     no `last`."""
     import pyarrow.fs as pafs
 
-    fs, path = _filesystem(location)
+    fs, path = filesystem(str(location))
     if fs.get_file_info(f"{path}/{last}").type == pafs.FileType.File:
         fs.delete_file(f"{path}/{last}")
     fs.delete_dir_contents(path, missing_dir_ok=True)  # the old files (the new directory may have fewer)
@@ -245,7 +300,7 @@ def upload_dir(stage: Path, location: str, *, last: str) -> None:
 
 
 def download_dir(location: str, *, complete: str) -> Path:
-    """A local copy of the directory at the URI `location`, in its staging directory (`config.staging_dir`),
+    """A local copy of the directory at the URI `location`, in its staging directory (`staging_dir`),
     downloaded unless the copy there already has the same `complete` file (the directory's manifest or
     `PUBLISHED`), which must exist at `location`: without it the directory is incomplete (CheckpointError)."""
     import pyarrow.fs as pafs
@@ -257,7 +312,7 @@ def download_dir(location: str, *, complete: str) -> Path:
     local = staging_dir(location)
     if (local / complete).is_file() and (local / complete).read_bytes() == marker:
         return local
-    fs, path = _filesystem(location)
+    fs, path = filesystem(str(location))
     publish_dir(local, lambda d: pafs.copy_files(path, str(d), source_filesystem=fs,
                                                  destination_filesystem=pafs.LocalFileSystem()))
     return local

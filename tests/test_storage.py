@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist import files
-from albert_dist.files import publish_dir, publish_file
+from albert_dist import storage
+from albert_dist.storage import publish_dir, publish_file
 
 NAMES = ["config.json", "model.safetensors", "tokenizer.json"]
 LINES = 500
@@ -184,7 +184,7 @@ def poll_while_publishing(kind: str, target: Path, publishes: int = 50, until_fo
 def no_fsync(monkeypatch):
     """fsync only matters to a power loss, which these tests cannot cause; on a busy disk it is most of their
     time."""
-    monkeypatch.setattr(files, "_fsync", lambda path: None)
+    monkeypatch.setattr(storage, "_fsync", lambda path: None)
 
 
 @pytest.mark.parametrize("kind", ["file", "dir"])
@@ -195,6 +195,6 @@ def test_readers_find_a_complete_target_at_every_moment(tmp_path, kind, no_fsync
 def test_without_renameat2_directories_are_replaced_by_renaming_aside(tmp_path, monkeypatch, no_fsync):
     """The fallback: complete copies, no leftovers, but moments without a target, which the reader above catches
     (it would against the rename-aside code this replaced)."""
-    monkeypatch.setattr(files, "_renameat2", None)
+    monkeypatch.setattr(storage, "_renameat2", None)
     problems = poll_while_publishing("dir", tmp_path / "target", publishes=2000, until_found=True)
     assert problems and all(p.startswith("missing") for p in problems)
