@@ -1,7 +1,7 @@
 import pytest
 
-from albert_dist.config import (DataJobConfig, PretrainJobConfig, apply_overrides, flatten, load_config,
-                                resolve_location, resolve_path)
+from albert_dist.config import DataJobConfig, PretrainJobConfig, apply_overrides, flatten, load_config
+from albert_dist.storage import resolve_location, resolve_path
 from albert_dist.errors import ConfigError
 
 
