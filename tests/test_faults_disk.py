@@ -14,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from process_helpers import fault_unavailable
+
 from albert_dist.errors import AlbertDistError, CheckpointError, DataError
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.train import checkpointing
@@ -30,7 +32,7 @@ def tmpfs(directory: Path, size: str) -> Iterator[Path]:
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
+        fault_unavailable(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
     try:
         yield directory
     finally:
