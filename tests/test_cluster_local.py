@@ -231,7 +231,9 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stopped_and_resubm
         forget_mlflow_credentials()
 
     ray_tmp = Path((state / "ray_tmp").read_text().strip())
-    leaks = subprocess.run(["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), str(ray_tmp / "session_latest"),
-                           str(state / "logs"), str(outputs), str(state / "mlflow" / "artifacts")],
+    searched = [ray_tmp / "session_latest", state / "logs", outputs, state / "mlflow" / "artifacts"]
+    assert all(any(folder.rglob("*")) for folder in searched), "a folder to search is missing or empty"
+    leaks = subprocess.run(["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), *map(str, searched)],
                            capture_output=True, text=True)
-    assert leaks.stdout == "", f"secrets written to {leaks.stdout}"
+    # grep's exit status 1 is "searched everything, found nothing"; 2 (a path it could not read) is no proof
+    assert leaks.returncode == 1, f"secrets written to {leaks.stdout}" if leaks.stdout else leaks.stderr
