@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -47,6 +48,13 @@ def process_tree(root: int) -> set[int]:
         tree.add(pid)
         todo += children.get(pid, [])
     return tree
+
+
+def train_workers_of(root: int) -> list[int]:
+    """The Ray Train workers in the process tree of `root` (another pytest process runs its own Ray and runs)."""
+    mine = process_tree(root)
+    out = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if int(p) in mine]
 
 
 def listeners_of(pids: set[int]) -> set[tuple[str, int, str]]:
