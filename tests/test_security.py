@@ -146,6 +146,7 @@ def watch_pretraining(job: WatchedJob) -> WatchedJob:
     return job
 
 
+@pytest.mark.slow
 def test_a_local_ray_listens_on_loopback_only(watched_pretraining):
     job = watched_pretraining
     assert job.returncode == 0, job.log
@@ -157,6 +158,7 @@ def test_a_local_ray_listens_on_loopback_only(watched_pretraining):
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 
+@pytest.mark.slow
 def test_the_local_ray_job_api_needs_its_token(watched_pretraining):
     job = watched_pretraining
     assert job.api_status, job.log
@@ -165,6 +167,7 @@ def test_the_local_ray_job_api_needs_its_token(watched_pretraining):
     assert job.token_file_mode == 0o600
 
 
+@pytest.mark.slow
 def test_a_worker_finds_its_own_ray_beside_another(watched_pretraining, ray_session):
     """Two local Rays on one machine (two jobs, two test processes): the state API asked without an address from a
     worker answers for the worker's own cluster instead of failing on "multiple active Ray instances"."""
@@ -185,6 +188,7 @@ def test_socket_table_parsing_sees_a_wildcard_listener():
     assert not is_loopback("0.0.0.0") and is_loopback("::ffff:127.0.0.1") and is_loopback("::1")
 
 
+@pytest.mark.slow
 def test_a_password_in_the_tracking_uri_is_found_nowhere(watched_pretraining):
     from mlflow.tracking import MlflowClient
 
