@@ -103,12 +103,13 @@ def tracked_files(root: Path = REPO_ROOT) -> list[str]:
 def staged_checkout(extra: list[str], root: Path = REPO_ROOT) -> Iterator[Path]:
     """A temporary copy of the files git tracks in `root` plus `extra` (paths relative to it): the job's
     working_dir. An allowlist, so that a `.env`, a tokenizer or a corpus lying in the checkout never reaches the
-    cluster. Left out: symbolic links (one could point anywhere on this machine) and the .gitignore/.rayignore
-    files, which Ray would apply to what was chosen here (dropping a gitignored --config)."""
+    cluster. Left out: symbolic links (one could point anywhere on this machine) and the .gitignore files, which
+    Ray would apply to what was chosen here (dropping a gitignored --config). The .rayignore files stay: Ray's
+    packaging leaves out what they name, as it does for any working_dir."""
     with tempfile.TemporaryDirectory(prefix="albert-submit-") as stage:
         for relative in dict.fromkeys([*tracked_files(root), *extra]):
             source, target = root / relative, Path(stage) / relative
-            if source.name in (".gitignore", ".rayignore") or source.is_symlink():
+            if source.name == ".gitignore" or source.is_symlink():
                 continue
             if source.is_file():  # a tracked file deleted here is not sent
                 target.parent.mkdir(parents=True, exist_ok=True)

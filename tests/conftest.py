@@ -28,6 +28,39 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fail-on-skip", action="store_true",
+                     help="print the count of skipped tests and fail the run if any was skipped (CI, where none "
+                          "should be: a fault test that can no longer set up its fault must not pass unseen; the gpu "
+                          "tests are deselected by `-m 'not gpu'`, not skipped)")
+
+
+SKIPPED: list = []  # the reports of skipped tests
+
+
+def pytest_runtest_logreport(report):
+    """Every skip, whichever process ran it (pytest-xdist replays its workers' reports in the main process)."""
+    if report.skipped and not hasattr(report, "wasxfail"):
+        SKIPPED.append(report)
+
+
+def _counts_skips(config) -> bool:
+    return config.getoption("fail_on_skip") and not hasattr(config, "workerinput")  # the main process only
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if _counts_skips(config):
+        terminalreporter.write_line(f"skipped tests: {len(SKIPPED)}", red=bool(SKIPPED))
+        for report in SKIPPED:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            terminalreporter.write_line(f"skipped, which fails this run: {report.nodeid}: {reason}", red=True)
+
+
+def pytest_sessionfinish(session):
+    if _counts_skips(session.config) and SKIPPED and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray with the machine's 2 CPUs, started once for the whole test session as the commands start

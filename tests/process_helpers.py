@@ -1,10 +1,15 @@
-"""The OS's view of test processes: a process tree, the TCP listeners its processes hold."""
+"""The OS's view of test processes: a process tree, the TCP listeners its processes hold, whether a process is
+gone, and what a test does when the OS refuses the fault it sets up."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import subprocess
+import time
 from pathlib import Path
+
+import pytest
 
 LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp*
 
@@ -45,6 +50,13 @@ def process_tree(root: int) -> set[int]:
     return tree
 
 
+def train_workers_of(root: int) -> list[int]:
+    """The Ray Train workers in the process tree of `root` (another pytest process runs its own Ray and runs)."""
+    mine = process_tree(root)
+    out = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if int(p) in mine]
+
+
 def listeners_of(pids: set[int]) -> set[tuple[str, int, str]]:
     """(IP, port, process command line) of each TCP listener that one of `pids` holds."""
     sockets = listening_sockets()
@@ -59,3 +71,29 @@ def listeners_of(pids: set[int]) -> set[tuple[str, int, str]]:
         except OSError:
             continue  # the process ended meanwhile
     return held
+
+
+def fault_unavailable(reason: str) -> None:
+    """A fault the test could not set up (a mount, a network namespace): a failure for root, who can set up any
+    (CI runs as root), else a skip that says why."""
+    if os.geteuid() == 0:
+        pytest.fail(f"cannot set up the fault, as root: {reason}")
+    pytest.skip(reason)
+
+
+def wait_until_gone(pids: set[int] | list[int], timeout: float = 60) -> set[int]:
+    """Wait for `pids` to end (and be reaped); returns those still there after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while True:
+        alive = {pid for pid in pids if _running(pid)}
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has ended: only its exit status is left for its parent

@@ -24,8 +24,12 @@ from pathlib import Path
 
 import pytest
 from mlflow.exceptions import MlflowException
+from checkpoint_helpers import assert_mid_run, verifying_steps
 from cluster_helpers import prepare_args, pretrain_args, sets
 from finetune_helpers import single_rows, write_csv
+from process_helpers import train_workers_of, wait_until_gone
+
+from albert_dist.jobs_client import auth_headers
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
@@ -86,6 +90,18 @@ def submit(env: dict[str, str], *args: str, timeout: float = 400) -> str:
     return out.stdout
 
 
+def job_status(env: dict[str, str], submission_id: str) -> str | None:
+    """The job's status as the cluster's dashboard answers it (None: no such job), without a CLI's start-up."""
+    request = urllib.request.Request(f"{env['RAY_ADDRESS']}/api/jobs/{submission_id}", headers=auth_headers(env))
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.load(answer)["status"]
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise
+
+
 def test_listeners_are_loopback_only(cluster):
     state, _ = cluster
     pids = cluster_pids(state)
@@ -143,11 +159,24 @@ def stopped_and_resubmitted(cluster, stdlib_corpus):
                              capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stdout + started.stderr
 
-    storage = outputs / "runs" / "stop-resume" / "ray" / "stop-resume"
+    # while it runs, the same submission again is refused (two drivers would share the run), before the job's
+    # first checkpoint: in time it would spend waiting for it anyway
     deadline = time.time() + 400
+    while job_status(env, "pretrain-stop") != "RUNNING":
+        assert time.time() < deadline, job_status(env, "pretrain-stop")
+        time.sleep(0.5)
+    again = subprocess.run([*cli, "submit", "pretrain", *args, "--name", "pretrain-stop"], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "Traceback" not in again.stderr, again.stdout + again.stderr
+    assert "job pretrain-stop is still RUNNING: stop it first (albert-dist jobs stop pretrain-stop)" in again.stderr
+    assert job_status(env, "pretrain-stop-2") is None  # nothing submitted under the next attempt's name either
+
+    storage = outputs / "runs" / "stop-resume" / "ray" / "stop-resume"
     while not list(storage.glob("checkpoint_*/manifest.json")):
-        assert time.time() < deadline, "no checkpoint within 400 s"
+        assert job_status(env, "pretrain-stop") == "RUNNING" and time.time() < deadline, "no checkpoint within 400 s"
         time.sleep(1)
+    workers = set(train_workers_of(1)) & cluster_pids(state)  # the job's: no other runs on the cluster
+    assert len(workers) == 2, workers
     stopped = subprocess.run([*cli, "jobs", "stop", "pretrain-stop"], env=env, capture_output=True, text=True,
                              timeout=120)
     assert "stop requested" in stopped.stdout, stopped.stdout + stopped.stderr
@@ -156,10 +185,10 @@ def stopped_and_resubmitted(cluster, stdlib_corpus):
         assert time.time() < deadline + 120, status.stdout
         time.sleep(1)
     assert "STOPPED" in status.stdout, status.stdout
-    checkpointed = max(json.loads(m.read_text())["step"] for m in storage.glob("checkpoint_*/manifest.json"))
-    assert checkpointed < STOP_RESUME_STEPS
+    assert not wait_until_gone(workers), "the stopped job's training workers are still running"
+    verifying = verifying_steps(outputs / "runs" / "stop-resume")
     out = submit(env, "pretrain", *args, "--name", "pretrain-stop", timeout=900)
-    return {"out": out, "checkpointed": checkpointed, "model_dir": outputs / "runs" / "stop-resume" / "model"}
+    return {"out": out, "verifying": verifying, "model_dir": outputs / "runs" / "stop-resume" / "model"}
 
 
 def test_stopped_job_resumes_when_submitted_again(cluster, stopped_and_resubmitted):
@@ -169,7 +198,8 @@ def test_stopped_job_resumes_when_submitted_again(cluster, stopped_and_resubmitt
     out = stopped_and_resubmitted["out"]
     assert "submitting this attempt as pretrain-stop-2" in out
     resumed = [int(step) for step in re.findall(r"resumed from \S+ at step (\d+)", out)]
-    assert resumed and resumed[0] >= stopped_and_resubmitted["checkpointed"], out[-3000:]
+    assert resumed, out[-3000:]
+    assert_mid_run(resumed[0], stopped_and_resubmitted["verifying"], STOP_RESUME_STEPS)
     assert "pretrain-stop-2 SUCCEEDED" in out
     final = json.loads((stopped_and_resubmitted["model_dir"] / "config.json").read_text())
     assert final["hidden_size"] == 64
@@ -231,7 +261,9 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stopped_and_resubm
         forget_mlflow_credentials()
 
     ray_tmp = Path((state / "ray_tmp").read_text().strip())
-    leaks = subprocess.run(["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), str(ray_tmp / "session_latest"),
-                           str(state / "logs"), str(outputs), str(state / "mlflow" / "artifacts")],
+    searched = [ray_tmp / "session_latest", state / "logs", outputs, state / "mlflow" / "artifacts"]
+    assert all(any(folder.rglob("*")) for folder in searched), "a folder to search is missing or empty"
+    leaks = subprocess.run(["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), *map(str, searched)],
                            capture_output=True, text=True)
-    assert leaks.stdout == "", f"secrets written to {leaks.stdout}"
+    # grep's exit status 1 is "searched everything, found nothing"; 2 (a path it could not read) is no proof
+    assert leaks.returncode == 1, f"secrets written to {leaks.stdout}" if leaks.stdout else leaks.stderr

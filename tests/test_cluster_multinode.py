@@ -3,7 +3,7 @@
 The head (10.201.0.1) runs the driver and an MLflow server; the worker node (10.201.0.2) is another network host.
 A 2-worker pretraining run with STRICT_SPREAD puts one DDP (gloo) rank on each and checkpoints to a directory both
 see (same filesystem). Ray wants its token on both hosts and the MLflow server its password, as on a real cluster.
-Needs root for `ip netns`; skipped where namespaces are refused.
+Needs root for `ip netns`: skipped where namespaces are refused, failed if refused to root (CI).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import prepare_args, pretrain_args, sets
+from process_helpers import fault_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
@@ -100,13 +101,13 @@ def basic_auth_config(root: Path, password: str) -> Path:
 @pytest.fixture
 def hosts():
     if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("network namespaces need root and iproute2")
+        fault_unavailable("network namespaces need root and iproute2")
     h = Hosts()
     try:
         h.create()
     except (subprocess.CalledProcessError, OSError) as err:
         h.close()
-        pytest.skip(f"ip netns / veth refused here: {getattr(err, 'stderr', '') or err}")
+        fault_unavailable(f"ip netns / veth refused here: {getattr(err, 'stderr', '') or err}")
     try:
         yield h
     finally:

@@ -81,15 +81,17 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     summary = log[log.index("=== albert-dist demo: results ==="):]
     # every stage learned: above what a model that learned nothing scores (not fixed numbers). Pretraining only
     # just beats the unigram baseline at the demo's budget, and the held-out split (hence the baseline) differs
-    # between runs: 0.082/0.037, 0.089/0.049 and 0.069/0.055 in three runs, so a fixed margin would be flaky
+    # between runs: 0.082/0.037, 0.089/0.049, 0.069/0.055, 0.104/0.057, 0.102/0.061, 0.086/0.055 and 0.104/0.063
+    # in seven runs (+1.4 to +4.7 points, counted at every masked position, the tokens kept as they were included)
     mlm, unigram = map(float, re.search(r"eval MLM accuracy (\S+) \(unigram baseline (\S+)\)", summary).groups())
     assert mlm > unigram, summary
-    # pretraining pays on the task: +4.9 to +10.8 points over the random init with the same budget in six fine-tuning
-    # pairs (issue 16: two pretraining runs, three seeds, 200 labelled pairs); one accuracy on 1,000 dev rows moves by
-    # ~1.5 points from the split alone, so the margin asserted is 1 point
+    # pretraining pays on the task: +3.9 to +10.8 points over the random init with the same budget in every demo
+    # run and fine-tuning pair recorded; the random init itself scored 0.601-0.604 on the balanced 1,000-row dev
+    # set (chance 0.5) in the four runs whose figures are recorded. One accuracy on 1,000 rows moves by ~1.6 points
+    # (its standard error at 0.5) from the split alone: a 3-point gain is two of those, 5 points above chance three
     pretrained, random_init = map(float, re.search(
         r"dev accuracy (\S+) from the pretrained model, (\S+) from a random init", summary).groups())
-    assert pretrained > random_init + 0.01 and random_init > 0.5, summary
+    assert pretrained >= random_init + 0.03 and random_init > 0.5 + 0.05, summary
     _, student = map(float, re.search(r"dev accuracy\s+(0\.\d+)\s+(0\.\d+)", summary).groups())
     assert student > 0.5 + 0.1, summary
     assert len(re.findall(r"TERMINATED", summary)) == 1  # the sweep's trial in the table

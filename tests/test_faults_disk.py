@@ -14,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from process_helpers import fault_unavailable
+
 from albert_dist.errors import AlbertDistError, CheckpointError, DataError
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.train import checkpointing
@@ -30,7 +32,7 @@ def tmpfs(directory: Path, size: str) -> Iterator[Path]:
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
+        fault_unavailable(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
     try:
         yield directory
     finally:
@@ -86,27 +88,33 @@ def test_model_written_to_a_full_disk_fails_clearly_and_keeps_the_previous_one(s
 
 def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_model(small_disk, tmp_path,
                                                                                     monkeypatch):
-    """Checkpoints are staged in the temp dir and the best model lives on the small disk; it fills up after the
-    first checkpoint (step 4), so the next write (best model or checkpoint, step 8) meets a full disk."""
+    """Checkpoints are staged in the temp dir and the best model lives on the small disk. The disk fills up once
+    step 8's evaluation is logged: after the best model of step 8 was kept, before that step's checkpoint is staged,
+    so the checkpoint is the write that meets the full disk."""
     monkeypatch.setattr(tempfile, "tempdir", str(small_disk / "tmp"))
     (small_disk / "tmp").mkdir()
     saved = Checkpoints(tmp_path / "reported")
     saved.root.mkdir()
+    best_when_full = {}
 
-    def fill_after_first_checkpoint(metrics, step):
-        if saved.reports and not (small_disk / "ballast").exists():
+    def fill_after_the_last_evaluation(metrics, step):
+        if step == 8 and any(name.startswith("eval_") for name in metrics):
             fill(small_disk)
+            best_when_full.update(load_file(small_disk / "best" / "model.safetensors"))
 
-    env = WorkerEnv(report=saved, best_model_dir=small_disk / "best", log_metrics=fill_after_first_checkpoint,
+    env = WorkerEnv(report=saved, best_model_dir=small_disk / "best", log_metrics=fill_after_the_last_evaluation,
                     print_fn=lambda line: None)
     trainer = Trainer(KeywordTask(), settings(max_steps=8, log_every=2, eval_every=4, checkpoint_every=4), env)
-    with pytest.raises(AlbertDistError, match=f"no space left on device while writing .*{small_disk}"):
+    with pytest.raises(AlbertDistError, match=r"^no space left on device while writing the checkpoint of step 8 "
+                                              f"\\({small_disk}/tmp/albert-ckpt-"):
         trainer.fit()
+    assert best_when_full, "the disk was never filled"
     assert [r["step"] for r in saved.reports] == [4]
     checkpointing.load_training_state(saved.root / "step4")  # verified and loadable
     assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "best", "tmp"]
     assert not list((small_disk / "tmp").glob("albert-ckpt-*")), "a half-written checkpoint was left behind"
-    assert_same_weights(small_disk / "best", load_file(saved.root / "step4" / "model" / "model.safetensors"))
+    assert_same_weights(small_disk / "best", best_when_full)
+    AlbertForSequenceClassification.from_pretrained(small_disk / "best")
 
 
 def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_dataset(small_disk, tmp_path,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from process_helpers import train_workers_of, wait_until_gone
 
 from albert_dist.train.loop import TaskSpec
 
@@ -60,8 +61,11 @@ def replace_node_after_first_checkpoint(cluster, node, root: Path, comes_back: b
         if time.time() > deadline:
             return
         time.sleep(0.2)
+    workers = train_workers_of(os.getpid())
     cluster.remove_node(node, allow_graceful=False)
     print("node removed", flush=True)
+    print(f"training workers on it: {len(workers)}, not gone within 60 s: {len(wait_until_gone(workers))}",
+          flush=True)
     if comes_back:
         time.sleep(5)
         cluster.add_node(num_cpus=1)
@@ -121,6 +125,7 @@ def test_training_survives_a_removed_node(tmp_path, comes_back):
     (tmp_path / "output.txt").write_text(out)
     assert run.returncode == 0, out[-6000:]
     assert "node removed" in out, out[-6000:]
+    assert "training workers on it: 1, not gone within 60 s: 0" in out, out[-6000:]  # the fault hit it
     if comes_back:
         assert "node added" in out, out[-6000:]
         assert re.search(r"resumed from \S+ at step 10 ", out), out[-6000:]  # the first checkpoint: mid-run

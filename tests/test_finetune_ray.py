@@ -69,6 +69,7 @@ def classifier(workspace, ray_session):
     return finetune(finetune_config(workspace))
 
 
+@pytest.mark.slow
 def test_finetuning_on_ray_beats_majority_baseline(classifier):
     majority = 0.5  # the dev set is balanced
     assert classifier.metrics["dev_accuracy"] >= majority + 0.3
@@ -78,6 +79,7 @@ def test_finetuning_on_ray_beats_majority_baseline(classifier):
     assert (classifier.model_dir / "spiece.model").is_file()
 
 
+@pytest.mark.slow
 def test_mlflow_run_holds_metrics_model_and_lineage(classifier, workspace):
     from mlflow.tracking import MlflowClient
 
@@ -93,6 +95,7 @@ def test_mlflow_run_holds_metrics_model_and_lineage(classifier, workspace):
     assert {"model/config.json", "model/model.safetensors", "model/spiece.model"} <= artifacts
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_in_transformers_with_same_predictions(classifier, workspace):
     transformers = pytest.importorskip("transformers")
     from albert_dist.model import AlbertForSequenceClassification
@@ -110,6 +113,7 @@ def test_checkpoint_loads_in_transformers_with_same_predictions(classifier, work
     assert theirs.config.id2label == {0: "no", 1: "yes"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix, threshold", [(".csv", 10_000), (".parquet", 0)])
 def test_predict_writes_labels_and_probabilities(classifier, workspace, tmp_path, suffix, threshold):
     rows = single_rows(40, seed=3)
@@ -127,6 +131,7 @@ def test_predict_writes_labels_and_probabilities(classifier, workspace, tmp_path
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
 
 
+@pytest.mark.slow
 def test_predict_bad_input(classifier, tmp_path):
     source = write_csv(tmp_path / "input.csv", [{"sentence": "a socket"}])
     with pytest.raises(DataError, match=r"input\.csv.*'text'"):
@@ -181,6 +186,7 @@ def distilled(classifier, workspace, ray_session):
     return distill(distill_config(workspace, classifier, "distill"))
 
 
+@pytest.mark.slow
 def test_distilled_student_keeps_teacher_accuracy(classifier, distilled):
     outcome = distilled
     m = outcome.metrics
@@ -189,7 +195,6 @@ def test_distilled_student_keeps_teacher_accuracy(classifier, distilled):
     # ALBERT shares its layers: half the layers is the same parameter count, but less compute (the speedup itself is
     # timed, hence measured in benchmarks/bench_distill.py, not asserted here)
     assert m["student_parameters"] == m["teacher_parameters"] and 0.5 < m["student_flops_share"] < 0.9
-    assert m["speedup"] > 0
     assert json.loads((outcome.model_dir / "config.json").read_text())["num_hidden_layers"] == 1
     from mlflow.tracking import MlflowClient
 
@@ -199,6 +204,7 @@ def test_distilled_student_keeps_teacher_accuracy(classifier, distilled):
     assert run.data.tags["albert_dist.source_model"] == str(classifier.model_dir)
 
 
+@pytest.mark.slow
 def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     from safetensors import safe_open
 
@@ -261,12 +267,14 @@ def in_process_trainer(workspace, rows, task, tmp_path, **data_section) -> Train
     return Trainer(task, train, WorkerEnv(print_fn=lambda _: None))
 
 
+@pytest.mark.slow
 def test_regression_reaches_high_correlation(workspace, tmp_path, ray_session):
     rows = [{"text": r["text"], "label": r["score"]} for r in count_rows(400, seed=4)]
     metrics = in_process_task(workspace, rows, "regression", tmp_path)
     assert metrics["eval_pearson"] > 0.8 and metrics["eval_spearman"] > 0.8
 
 
+@pytest.mark.slow
 def test_pair_classification_learns(workspace, tmp_path, ray_session):
     rows = pair_rows(400, seed=5)
     metrics = in_process_task(workspace, rows, "classification", tmp_path, text_column="sentence1",
@@ -274,6 +282,7 @@ def test_pair_classification_learns(workspace, tmp_path, ray_session):
     assert metrics["eval_accuracy"] > 0.7
 
 
+@pytest.mark.slow
 def test_length_grouped_batches_pad_less_and_learn_as_well(workspace, tmp_path, ray_session):
     """Texts of 3 to 31 words: grouped batches are narrower than random ones, and the dev accuracy is the same
     within noise (the grouped order, drawn from the seed and the epoch only, is also what resume replays)."""
@@ -295,6 +304,7 @@ def dev_metrics(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if "dev_" in k}
 
 
+@pytest.mark.slow
 def test_same_seed_same_machine_same_dev_metrics(classifier, distilled, workspace, ray_session):
     """Fine-tuning and distilling again with the fixtures' configs (other run names): the same dev
     metrics to the last bit (the precision is fp32; `auto` could pick bf16 on other CPUs, not between two runs)."""

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from process_helpers import process_tree
+from checkpoint_helpers import assert_mid_run, verifying_steps
+from process_helpers import process_tree, train_workers_of, wait_until_gone
 from test_faults_disk import fill, tmpfs
 from test_pretrain import prepared  # noqa: F401 - a fixture (its own instance in this module)
 from test_pretrain import assert_same_weights, checkpoints, final_weights, pretrain_overrides
@@ -66,24 +67,51 @@ def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen | None = None,
         if checkpoints(run_dir):
             return True
         assert process is None or process.poll() is None, process.stdout.read()
-        time.sleep(0.5)
+        time.sleep(0.05)
     return False
+
+
+def _training_workers(timeout: float = 300) -> list[int]:
+    """The two training workers of the run starting on this test process's Ray, once both run: found before the
+    fault is due, as reading the process table takes seconds on a loaded machine, while the run goes on."""
+    deadline = time.time() + timeout
+    while len(workers := train_workers_of(os.getpid())) < 2:
+        assert time.time() < deadline, f"training workers: {workers}"
+        time.sleep(0.2)
+    return workers
+
+
+def stop_then_kill(pids: list[int]) -> None:
+    """SIGSTOP every process first (none trains a step or stores a checkpoint more), then SIGKILL them."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            os.kill(pid, sig)
 
 
 def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline, ray_session):
     from mlflow.tracking import MlflowClient
 
+    run_dir = prepared / "killed"
     victim = _launch(prepared, "killed")
-    assert _wait_for_checkpoint(prepared / "killed", victim), "no checkpoint appeared"
-    os.killpg(victim.pid, signal.SIGKILL)  # the driver: Ray then ends its trainer and workers
+    workers, driver = _training_workers(), process_tree(victim.pid)
+    assert _wait_for_checkpoint(run_dir, victim), "no checkpoint appeared"
+    # the training workers held where they are, then the driver's process group and the workers killed: the
+    # relaunch finds the run as the kill left it
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
-    assert not (prepared / "killed" / "model").exists()
+    stop_then_kill(workers)
+    assert victim.returncode == -signal.SIGKILL and len(workers) == 2, (victim.returncode, workers)
+    assert not wait_until_gone(driver | set(workers)), "a killed process is still running"
+    assert not (run_dir / "model").exists()
+    verifying = verifying_steps(run_dir)
 
     again = _launch(prepared, "killed")
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out
-    assert re.search(r"resumed from .* at step (10|20|30)", out), out
-    assert_same_weights(baseline, final_weights(prepared / "killed"))
+    assert_mid_run(int(re.search(r"resumed from .* at step (\d+)", out).group(1)), verifying, RESUME_STEPS)
+    assert_same_weights(baseline, final_weights(run_dir))
 
     client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
     runs = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id,
@@ -91,13 +119,6 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["data.in_memory"] == "False"
     assert max(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")) == RESUME_STEPS
-
-
-def train_worker_pids() -> list[int]:
-    """The training workers of this test process's own Ray (another pytest process runs its own Ray and runs)."""
-    mine = process_tree(os.getpid())
-    out = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split() if int(p) in mine]
 
 
 class TrackingServer:
@@ -171,11 +192,12 @@ def faulted(prepared, baseline, tracking_server):
             client = MlflowClient(tracking_server.uri)
             wait_for(lambda: client.get_metric_history(run_id, "loss"), "the first metrics")
             tracking_server.stop()
+            seen["killed"] = _training_workers()
             wait_for(lambda: checkpoints(run_dir) and len(pending_steps()) >= 2, "a checkpoint and pending metrics")
+            stop_then_kill(seen["killed"])
             seen["pending"] = pending_steps()
-            seen["killed"] = train_worker_pids()
-            for pid in seen["killed"]:
-                os.kill(pid, signal.SIGKILL)
+            seen["alive"] = wait_until_gone(seen["killed"])
+            seen["verifying"] = verifying_steps(run_dir)  # as the kill left them
         except BaseException as err:  # noqa: BLE001 - reported by the tests
             seen["error"] = err
         finally:
@@ -198,9 +220,9 @@ def test_workers_killed_during_an_mlflow_outage_resume_exactly_and_lose_no_metri
 
     outcome, seen, state_file = faulted
     assert "error" not in seen, seen["error"]
-    assert seen["killed"], "no worker was killed"
+    assert len(seen["killed"]) == 2 and not seen["alive"], seen  # both workers, and both died
     assert len(seen["pending"]) >= 2
-    assert outcome.metrics["resumed_from_step"] > 0  # restarted from the checkpoint, not from scratch
+    assert_mid_run(outcome.metrics["resumed_from_step"], seen["verifying"], RESUME_STEPS)
     assert outcome.metrics["step"] == RESUME_STEPS
     assert_same_weights(baseline, final_weights(prepared / "faulted"))
     client = MlflowClient(outcome.tracking_uri)
@@ -234,40 +256,33 @@ def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and
     """The run directory is a real 16 MB tmpfs, filled up once the first checkpoint is stored: the next one fails
     inside `ray.train.report` (Ray Train copying it into the run's storage). The job stops with one line naming
     the step, the stored checkpoint still verifies, and once space is freed the relaunch resumes from it."""
-    from albert_dist.errors import AlbertDistError, CheckpointError
+    from albert_dist.errors import AlbertDistError
     from albert_dist.pretrain import pretrain
-    from albert_dist.train import checkpointing
 
     overrides = pretrain_overrides(run_disk, "full", 40) + [
         f"data.output={prepared / 'prepared'}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
         "train.checkpoint_every=10", "train.eval_every=40", "train.log_every=5"]
 
-    def whole_checkpoints() -> list[Path]:
-        """The stored checkpoints that verify (Ray copies a checkpoint file by file: one whose manifest is there
-        may still be on its way, or cut off by the full disk, and is never loaded)."""
-        whole = []
-        for checkpoint in checkpoints(run_disk / "full"):
-            try:
-                checkpointing.verify_manifest(checkpoint)
-            except CheckpointError:
-                continue
-            whole.append(checkpoint)
-        return whole
-
     def fill_after_the_first_checkpoint() -> None:
         deadline = time.time() + 300
-        while not whole_checkpoints() and time.time() < deadline:
+        while not verifying_steps(run_disk / "full") and time.time() < deadline:
             time.sleep(0.1)
         fill(run_disk)
 
     filler = threading.Thread(target=fill_after_the_first_checkpoint)
     filler.start()
     try:
-        with pytest.raises(AlbertDistError, match=r"^no space left on device while writing .*the run's storage"):
+        with pytest.raises(AlbertDistError) as stopped:
             pretrain(load_config(PretrainJobConfig, None, overrides))
     finally:
         filler.join()
-    assert whole_checkpoints(), "no checkpoint stored before the disk filled stayed whole"
+    assert verifying_steps(run_disk / "full"), "no checkpoint stored before the disk filled stayed whole"
+    # the worker's copy of a later checkpoint into the run's storage meets the full disk (or, when the disk fills
+    # while Ray's controller writes its record of the first one, that write: the message then names the storage)
+    failed = re.match(r"no space left on device while writing (the checkpoint of step (\d+) \(.*, then the run's "
+                      r"storage\)|a checkpoint into the run's storage )", str(stopped.value))
+    assert failed, stopped.value
+    assert failed[2] is None or int(failed[2]) > verifying_steps(run_disk / "full")[-1], stopped.value
 
     (run_disk / "ballast").unlink()
     # Ray Train writes its own record of the checkpoints in place: a full disk cuts it off when it strikes while
@@ -275,8 +290,10 @@ def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and
     # it aside and resume all the same.
     record = run_disk / "full" / "ray" / "full" / "checkpoint_manager_snapshot.json"
     record.write_text('{"checkpoints": [{"cut off')
+    verifying = verifying_steps(run_disk / "full")
     outcome = pretrain(load_config(PretrainJobConfig, None, overrides))
-    assert outcome.metrics["step"] == 40 and outcome.metrics["resumed_from_step"] >= 10
+    assert outcome.metrics["step"] == 40
+    assert_mid_run(outcome.metrics["resumed_from_step"], verifying, 40)
     assert record.with_name(record.name + ".unreadable").is_file()
 
 

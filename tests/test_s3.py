@@ -236,6 +236,7 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
         prepared.verify_shards()
 
 
+@pytest.mark.slow
 def test_finetuning_files_are_read_from_s3_with_clear_errors(s3_env, tmp_path, monkeypatch):
     """CSV and JSONL labelled files straight from the server; a missing or empty object is one DataError naming
     its URI."""

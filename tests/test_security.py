@@ -146,6 +146,7 @@ def watch_pretraining(job: WatchedJob) -> WatchedJob:
     return job
 
 
+@pytest.mark.slow
 def test_a_local_ray_listens_on_loopback_only(watched_pretraining):
     job = watched_pretraining
     assert job.returncode == 0, job.log
@@ -157,6 +158,7 @@ def test_a_local_ray_listens_on_loopback_only(watched_pretraining):
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 
+@pytest.mark.slow
 def test_the_local_ray_job_api_needs_its_token(watched_pretraining):
     job = watched_pretraining
     assert job.api_status, job.log
@@ -165,6 +167,7 @@ def test_the_local_ray_job_api_needs_its_token(watched_pretraining):
     assert job.token_file_mode == 0o600
 
 
+@pytest.mark.slow
 def test_a_worker_finds_its_own_ray_beside_another(watched_pretraining, ray_session):
     """Two local Rays on one machine (two jobs, two test processes): the state API asked without an address from a
     worker answers for the worker's own cluster instead of failing on "multiple active Ray instances"."""
@@ -185,6 +188,7 @@ def test_socket_table_parsing_sees_a_wildcard_listener():
     assert not is_loopback("0.0.0.0") and is_loopback("::ffff:127.0.0.1") and is_loopback("::1")
 
 
+@pytest.mark.slow
 def test_a_password_in_the_tracking_uri_is_found_nowhere(watched_pretraining):
     from mlflow.tracking import MlflowClient
 
@@ -218,15 +222,24 @@ def test_submit_uploads_what_git_tracks_and_the_config_only(tmp_path):
     (repo / "jobs" / "configs").mkdir(parents=True)
     (repo / "jobs" / "pretrain.py").write_text("print('job')\n")
     (repo / ".gitignore").write_text(".env\ntokenizer/\n*.txt\nmine.yaml\n")
+    # tracked, as a link: git lists it, and only the stage's own filter keeps what it points at from the cluster
+    (repo / "jobs" / "link.py").symlink_to(repo / ".env")
+    # tracked files that a .rayignore (the checkout's and a folder's own) keeps off the cluster
+    (repo / ".rayignore").write_text("benchmarks/\n")
+    (repo / "benchmarks").mkdir()
+    (repo / "benchmarks" / "results.json").write_text(CANARY)
+    (repo / "jobs" / ".rayignore").write_text("*.log\n")
+    (repo / "jobs" / "local.log").write_text(CANARY)
     git(repo, "init", "-q")
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "c")
+    listed = jobs_client.tracked_files(repo)
+    assert {"jobs/link.py", "benchmarks/results.json", "jobs/local.log"} <= set(listed), listed
     (repo / ".env").write_text(f"MLFLOW_TRACKING_PASSWORD={CANARY}\n")
     (repo / "tokenizer").mkdir()
     (repo / "tokenizer" / "spiece.model").write_text(CANARY)
     (repo / "corpus.txt").write_text(CANARY)
     (repo / "notes.md").write_text(CANARY)  # neither tracked nor ignored
-    (repo / "jobs" / "link.py").symlink_to(repo / ".env")
     (repo / "jobs" / "configs" / "mine.yaml").write_text("run: {name: x}\n")  # ignored, but the job's --config
 
     with jobs_client.staged_checkout(["jobs/configs/mine.yaml"], root=repo) as stage:
@@ -235,8 +248,8 @@ def test_submit_uploads_what_git_tracks_and_the_config_only(tmp_path):
         create_package(str(stage), package, include_gitignore=True)
     with zipfile.ZipFile(package) as archive:
         sent = sorted(name for name in archive.namelist() if not name.endswith("/"))
-        assert not any(CANARY.encode() in archive.read(name) for name in sent)
-    assert sent == ["jobs/configs/mine.yaml", "jobs/pretrain.py"]
+        assert not [name for name in sent if CANARY.encode() in archive.read(name)]
+    assert sent == [".rayignore", "jobs/.rayignore", "jobs/configs/mine.yaml", "jobs/pretrain.py"]
     assert not stage.exists()
 
 

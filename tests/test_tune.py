@@ -64,6 +64,7 @@ def children(uri: str, parent_id: str):
     return client, client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_id}'")
 
 
+@pytest.mark.slow
 def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
     raw = sweep_raw(workspace, "asha")
     raw["job"]["tracking"]["register_model"] = "asha-best"
@@ -122,6 +123,7 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
     assert (outcome.best_model / "model.safetensors").read_bytes() == (trial_model / "model.safetensors").read_bytes()
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_session, tmp_path):
     """The sweep's driver killed once its first trial has finished and the second has opened its MLflow run; the
     same sweep launched again runs only the second trial, in the child run it had."""
@@ -177,6 +179,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_se
     assert {r.info.run_id for r in runs if r.data.tags[TRIAL_TAG] in interrupted} == {interrupted_run}
 
 
+@pytest.mark.slow
 def test_distillation_sweep_applies_student_shape_and_distill_weights(workspace, ray_session):
     """Each trial distills the teacher into the student its parameters describe; the best config is a DistillJob."""
     import json

@@ -1,0 +1,30 @@
+"""What a fault left of a run's stored checkpoints, and whether its resume was from the newest of them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from albert_dist.errors import CheckpointError
+from albert_dist.train import checkpointing
+
+
+def verifying_steps(run_dir: Path) -> list[int]:
+    """The steps of the stored checkpoints that pass their checksums (Ray copies a checkpoint file by file: one
+    whose manifest is there may still be on its way, or cut off by a fault, and is never resumed from)."""
+    steps = []
+    for checkpoint in run_dir.glob("ray/*/checkpoint_*"):
+        try:
+            checkpointing.verify_manifest(checkpoint)
+        except CheckpointError:
+            continue
+        steps.append(json.loads((checkpoint / "manifest.json").read_text())["step"])
+    return sorted(steps)
+
+
+def assert_mid_run(resumed: int, verifying: list[int], last_step: int, first_checkpoint: int = 10) -> None:
+    """A resume from the newest checkpoint that verified before the relaunch (`verifying`), strictly inside the
+    run: not from scratch, not its end (a run resumed at its end has nothing left to train, and ends like an
+    uninterrupted one whatever resume does)."""
+    assert verifying and first_checkpoint <= verifying[-1] < last_step, verifying
+    assert resumed == verifying[-1], f"resumed at step {resumed}, the newest checkpoint that verified: {verifying}"
