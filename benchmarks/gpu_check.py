@@ -211,7 +211,7 @@ def _ddp_rank(rank: int, world_size: int, backend: str, device_kind: str, port: 
         torch.cuda.set_device(device)
     wrap = (lambda m: DistributedDataParallel(m, device_ids=[device.index])) if device.type == "cuda" \
         else DistributedDataParallel
-    result = Trainer(ClassifyTask(), settings(), WorkerEnv(rank=rank, world_size=world_size,
+    result = Trainer(ClassifyTask(), settings(max_steps=20, eval_every=10), WorkerEnv(rank=rank, world_size=world_size,
                      device=device, wrap_model=wrap, print_fn=lambda line: None)).fit()
     if rank == 0:
         Path(out).write_text(f"{result['status']} {result['replicas_identical']} {result['eval_accuracy']}")
