@@ -161,10 +161,13 @@ def exact_resume(device: torch.device, workdir: Path) -> str:
     """Dropout on, train.deterministic: a run resumed from its step-20 checkpoint ends on the weights of the run
     that was not interrupted."""
     kw = dict(deterministic=True)
-    whole = Trainer(ClassifyTask(), settings(**kw), saving(device, workdir))
-    whole.fit()
-    resumed = Trainer(ClassifyTask(), settings(**kw), quiet(device, resume_dir=workdir / "step20"))
-    resumed.fit()
+    try:
+        whole = Trainer(ClassifyTask(), settings(**kw), saving(device, workdir))
+        whole.fit()
+        resumed = Trainer(ClassifyTask(), settings(**kw), quiet(device, resume_dir=workdir / "step20"))
+        resumed.fit()
+    finally:  # a worker process keeps it for its one run; here the other items follow
+        torch.use_deterministic_algorithms(False)
     differing = [name for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters())
                  if not torch.equal(a, b)]
     if differing:
@@ -198,6 +201,31 @@ def predict(device: torch.device, workdir: Path) -> str:
     if agree < 0.95 or gap > 0.1:
         raise AssertionError(f"labels agree {agree:.2f}, logits differ by up to {gap:.3f}")
     return f"bf16 on {device.type} vs fp32 on cpu: labels agree {agree:.2f}, max |Δlogit| {gap:.3f}"
+
+
+def host_syncs(device: torch.device, workdir: Path) -> str:
+    """Training steps under CUDA's sync debug mode: fine-tuning's must not wait for the device once; pretraining's
+    count is shown (the MLM head's boolean index of the masked positions has a data-dependent shape)."""
+    import warnings
+
+    counts = {}
+    for name, task in (("finetune", ClassifyTask()), ("pretrain packed", PretrainingBatchesTask())):
+        trainer = Trainer(task, settings(), quiet(device))
+        batches, window = trainer._micro_batches(), {}
+        trainer._train_step(batches, window)  # the first step allocates and initialises
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                for _ in range(4):
+                    trainer._train_step(batches, window)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts[name] = sum("synchroniz" in str(w.message) for w in caught) / 4
+    if counts["finetune"]:
+        raise AssertionError(f"host syncs per step: {counts}")
+    return f"host syncs per step: {counts}"
 
 
 def _ddp_rank(rank: int, world_size: int, backend: str, device_kind: str, port: int, out: str) -> None:
@@ -259,6 +287,7 @@ def items(device: torch.device) -> dict[str, Callable[[torch.device, Path], str]
             "finetune fp16 adamw": train_item(ClassifyTask, learned, precision="fp16"),
             "finetune fp16 lamb": train_item(ClassifyTask, trained, precision="fp16", optimizer="lamb"),
             "distill fp16 adamw": train_item(DistillBatchesTask, trained, precision="fp16"),
+            "host syncs in the step": host_syncs,
         })
     if cuda and torch.cuda.device_count() >= 2:
         found["ddp 2 ranks nccl"] = ddp_item("nccl")

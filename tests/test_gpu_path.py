@@ -18,7 +18,7 @@ from albert_dist.train import checkpointing, loop
 from albert_dist.train.loop import Trainer, WorkerEnv
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from gpu_check import TINY, ClassifyTask, PretrainingBatchesTask  # noqa: E402  (the GPU check's own tasks)
+from gpu_check import TINY, ClassifyTask, PretrainingBatchesTask  # the GPU check's own tasks
 
 def settings(**kw):
     base = dict(max_steps=6, warmup_steps=1, learning_rate=1e-3, optimizer="adamw", log_every=3, eval_every=6,
