@@ -306,6 +306,9 @@ class TrainBase(Section):
     max_nonfinite_steps: int = Field(20, ge=1, description="Consecutive non-finite losses before the run stops.")
     activation_checkpointing: bool = False
     compile: bool = False
+    deterministic: bool = Field(False, description="Deterministic kernels only (and cuBLAS's fixed workspace), "
+                                                   "for runs that must resume bit for bit on a GPU; some kernels "
+                                                   "are slower.")
     peak_tflops: float | None = Field(None, gt=0, description="The device's dense peak for this precision, "
                                                                  "to report model FLOPs utilisation (mfu).")
 

@@ -87,10 +87,10 @@ class PretrainingTask(TrainingTask):
         stats = {
             "mlm_loss_sum": out.mlm_loss.detach() * n_masked,
             "mlm_correct": (out.prediction_logits.argmax(-1) == out.mlm_labels).sum(),
-            "mlm_count": torch.tensor(float(n_masked)),
+            "mlm_count": float(n_masked),
             "sop_loss_sum": out.sop_loss.detach() * n_pairs,
             "sop_correct": (out.sop_logits.argmax(-1) == batch["sentence_order_label"]).sum(),
-            "sop_count": torch.tensor(float(n_pairs)),
+            "sop_count": float(n_pairs),
         }
         if not model.training:  # evaluation: the label histogram gives the split's unigram baseline
             stats["mlm_label_counts"] = torch.bincount(out.mlm_labels.detach().cpu(),

@@ -120,7 +120,7 @@ class SequenceClassificationTask(TrainingTask):
 
     def statistics(self, logits: torch.Tensor, loss: torch.Tensor, batch) -> dict[str, torch.Tensor]:
         n = batch["label"].shape[0]
-        stats = {"loss_sum": loss.detach().float() * n, "count": torch.tensor(float(n))}
+        stats = {"loss_sum": loss.detach().float() * n, "count": float(n)}
         logits = logits.detach().float()
         labels = batch["label"]
         if self.task == "classification":

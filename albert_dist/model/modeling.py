@@ -2,7 +2,7 @@
 
 Submodule names follow transformers' ALBERT so that state_dict keys match its checkpoints without renaming.
 Two things differ from transformers, for speed only: attention runs through
-`torch.nn.functional.scaled_dot_product_attention` (no mask at all when nothing is padded), and when MLM labels
+`torch.nn.functional.scaled_dot_product_attention`, and when MLM labels
 are given the vocabulary projection runs only on the masked positions instead of on every token. Pretraining can
 also take packed rows (several sequences per row, `albert_dist.data.packing`): `position_ids`, `sequence_ids` and
 `cls_positions` say where each sequence lies; without them nothing changes.
@@ -186,12 +186,14 @@ class AlbertTransformer(nn.Module):
 
 
 def padding_mask(attention_mask: Optional[Tensor]) -> Optional[Tensor]:
-    """Boolean [B, 1, 1, T] key mask for SDPA (True = attend), or None when nothing is padded.
+    """Boolean [B, 1, 1, T] key mask for SDPA (True = attend), or None without `attention_mask` (SDPA's unmasked
+    fast path).
 
-    None lets SDPA take its unmasked fast path. A row with no real token at all would produce NaNs; batches are
-    never built that way.
+    The mask's values are not looked at: telling "nothing padded" from them would make the host wait for the
+    device at every forward, and break torch.compile's graph. A row with no real token at all would produce NaNs;
+    batches are never built that way.
     """
-    if attention_mask is None or bool(attention_mask.all()):
+    if attention_mask is None:
         return None
     return attention_mask.bool()[:, None, None, :]
 

@@ -2,7 +2,8 @@
 
 Layout of a checkpoint directory:
     model/               config.json, model.safetensors, tokenizer files (loads in transformers)
-    training_state.pt    optimizer, scheduler, scaler, step, data position, RNG states (tensors only)
+    training_state.pt    optimizer, scheduler, scaler, step, data position, every rank's CPU and CUDA generator
+                         states (tensors only)
     manifest.json        step and the sha256 of every file above, written last
 
 A checkpoint is only valid once its manifest exists and every checksum matches; `load_training_state` refuses
@@ -33,13 +34,14 @@ from albert_dist.train.collectives import gather_objects
 MANIFEST = "manifest.json"
 #: job settings a relaunch may change and still resume: where outputs and tracking go, how often the run logs,
 #: evaluates, checkpoints and retries, where its workers are placed, and how batches are laid out (data.packing: the
-#: same instances and masks, the same losses). Every other setting decides what is trained.
+#: same instances and masks, the same losses), and whether kernels are deterministic (the same sums, reproducible).
+#: Every other setting decides what is trained.
 RELAUNCH_MAY_CHANGE = (
     "run.name", "run.output_dir", "run.resume_changes", "tracking.", "data.output", "data.cache", "data.packing",
     "scaling.use_gpu", "scaling.cpus_per_worker", "scaling.gpus_per_worker", "scaling.placement_strategy",
     "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every", "train.keep_checkpoints",
     "train.max_failures", "train.resource_wait_attempts", "train.peak_tflops", "train.plateau_warning_after",
-    "train.lr_range_",
+    "train.lr_range_", "train.deterministic",
 )
 STATE_FILE = "training_state.pt"
 MODEL_DIR = "model"
@@ -199,7 +201,7 @@ class CheckpointManager:
         if trainer_state is None:
             self.env.report(metrics, None)
             return
-        rng_states = gather_objects(torch.get_rng_state(), self.env.world_size)
+        rng_states = gather_objects(rng_state(self.env.device), self.env.world_size)
         if not self.env.is_main:
             self.env.report(metrics, None)
             return
@@ -223,5 +225,24 @@ class CheckpointManager:
         self.task.restore(state.get("task", {}))
         rng_states = state["rng_states"]
         if self.env.rank < len(rng_states):
-            torch.set_rng_state(rng_states[self.env.rank])
+            set_rng_state(rng_states[self.env.rank], self.env.device)
         return state
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """Every generator a rank draws from (dropout, initialisation): the CPU's and, on a GPU, that of the rank's
+    device. The data pipeline draws from seeded generators of its own, replayed on resume; nothing draws from
+    Python's `random` or numpy's global generator."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor] | torch.Tensor, device: torch.device) -> None:
+    """Restore what `rng_state` saved (a bare tensor: a checkpoint that holds the CPU generator only)."""
+    if isinstance(state, torch.Tensor):
+        state = {"cpu": state}
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)

@@ -44,8 +44,9 @@ class TrainingTask(ABC):
         """The trainable model, initialised (from scratch or from pretrained weights)."""
 
     @abstractmethod
-    def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss to minimise and additive statistics (sums and counts) for `summarize`."""
+    def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        """The loss to minimise and additive statistics (sums and counts) for `summarize`: tensors on the batch's
+        device, or numbers known on the host (a count from a shape); never a value read back from the device."""
 
     @abstractmethod
     def summarize(self, sums: dict[str, float]) -> dict[str, float]:
@@ -149,6 +150,8 @@ class Position:
 
 class Trainer:
     def __init__(self, task: TrainingTask, settings: TrainSection, env: WorkerEnv, seed: int = 0):
+        if settings.deterministic:
+            precision.request_determinism()  # before this process's first kernel on a GPU
         resolved = precision.resolve_precision(settings.precision, env.device)
         if settings.precision == "auto" and env.is_main:
             env.print_fn(f"precision auto → {resolved} on {env.device.type}")
@@ -170,7 +173,10 @@ class Trainer:
             raise ValueError(f"the task's phases end at step {self.phase_ends[-1]}, max_steps is {settings.max_steps}")
         self.position = Position()
         self.checkpoints = checkpointing.CheckpointManager(task, env, settings.checkpoint_every)
-        self.nonfinite_run = 0
+        # consecutive skipped steps so far and their longest run since the last log, kept on the device: the step
+        # never waits for the device to tell whether its gradients were finite; the log interval reads them
+        self.nonfinite_run = torch.zeros((), dtype=torch.long, device=env.device)
+        self.nonfinite_longest = torch.zeros((), dtype=torch.long, device=env.device)
         self.plateau_warned = False
         if env.resume_dir is not None:
             self._restore(env.resume_dir)
@@ -190,20 +196,18 @@ class Trainer:
         metrics: dict[str, Any] = {}
         batches = self._micro_batches()
         while pos.step < s.max_steps:
-            stepped = self._train_step(batches, window)
+            self._train_step(batches, window)
             pos.step += 1
             window_steps += 1
             if pos.step in self.phase_ends[:-1]:
                 self._next_phase()
                 batches = self._micro_batches()
-            if not stepped:
-                self.nonfinite_run += 1
-                if self.nonfinite_run >= s.max_nonfinite_steps:
-                    return self._stop_diverged(metrics)
-            else:
-                self.nonfinite_run = 0
             last = pos.step == s.max_steps
             if pos.step % s.log_every == 0 or last:
+                longest = int(self.nonfinite_longest)
+                if longest >= s.max_nonfinite_steps:
+                    return self._stop_diverged(metrics, longest)
+                self.nonfinite_longest.zero_()
                 elapsed = time.perf_counter() - window_start
                 metrics = self._window_metrics(window, window_steps, elapsed)
                 self._log(metrics, fit_start, start_step)
@@ -273,8 +277,10 @@ class Trainer:
                                    "fewer workers, or prepare more data")
             pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
 
-    def _train_step(self, batches: Iterator[Batch], window: dict[str, torch.Tensor]) -> bool:
-        """One optimizer step over `grad_accum_steps` micro-batches; False when skipped for a non-finite gradient."""
+    def _train_step(self, batches: Iterator[Batch], window: dict[str, torch.Tensor | int]) -> None:
+        """One optimizer step over `grad_accum_steps` micro-batches, skipped for a non-finite gradient. Nothing in
+        it reads a value back from the device (each read waits for the device to finish all work queued so far):
+        the statistics stay tensors until the log interval and the skip is decided on the device."""
         s, device = self.settings, self.env.device
         accum = s.grad_accum_steps
         for micro in range(accum):
@@ -287,23 +293,24 @@ class Trainer:
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             _accumulate(window, stats)
             _accumulate(window, {"tokens": batch["attention_mask"].sum() if "attention_mask" in batch
-                                 else torch.tensor(batch["input_ids"].numel()),
-                                 "samples": torch.tensor(samples_in(batch))})
+                                 else batch["input_ids"].numel(),
+                                 "samples": samples_in(batch)})
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         # Gradients are identical on every rank after DDP's all-reduce, so every rank takes the same decision.
         norm = torch.nn.utils.clip_grad_norm_(self.params, s.max_grad_norm if s.max_grad_norm > 0 else math.inf)
-        finite = bool(torch.isfinite(norm))
+        finite = torch.isfinite(norm)
         if self.scaler:
             self.scaler.step(self.optimizer)  # skips the update itself on inf/nan
             self.scaler.update()
-        elif finite:
-            self.optimizer.step()
+        else:
+            optim.step_unless(self.optimizer, ~finite)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        if finite:
-            _accumulate(window, {"grad_norm": norm.detach().float(), "finite_steps": torch.tensor(1.0)})
-        return finite
+        self.nonfinite_run = torch.where(finite, 0, self.nonfinite_run + 1)
+        torch.maximum(self.nonfinite_longest, self.nonfinite_run, out=self.nonfinite_longest)
+        _accumulate(window, {"grad_norm": torch.where(finite, norm.detach().float(), 0.0),
+                             "finite_steps": finite.float()})
 
     # -------------------------------------------------------------------------------------------- metrics
     def _window_metrics(self, window: dict[str, torch.Tensor], steps: int, elapsed: float) -> dict[str, float]:
@@ -395,8 +402,8 @@ class Trainer:
             self.env.print_fn(f"resumed from {directory} at step {self.position.step} "
                               f"({phase}epoch {self.position.epoch}, batch {self.position.batch_in_epoch})")
 
-    def _stop_diverged(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        message = (f"loss or gradients were not finite for {self.nonfinite_run} consecutive steps (up to step "
+    def _stop_diverged(self, metrics: dict[str, Any], steps: int) -> dict[str, Any]:
+        message = (f"loss or gradients were not finite for {steps} consecutive steps (up to step "
                    f"{self.position.step}); stopped, the last good checkpoint is kept. Lower train.learning_rate "
                    f"or use bf16/fp32.")
         if self.env.is_main:
@@ -409,9 +416,11 @@ def samples_in(batch: Batch) -> int:
     return len(batch["cls_positions"]) if "cls_positions" in batch else batch["input_ids"].shape[0]
 
 
-def _accumulate(sums: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+def _accumulate(sums: dict[str, torch.Tensor | int], stats: dict[str, torch.Tensor | int]) -> None:
+    """Add `stats` into `sums`: tensors stay on their device (nothing is read back), counts known on the host stay
+    numbers."""
     for key, value in stats.items():
-        value = value.detach().float()
+        value = value.detach().float() if isinstance(value, torch.Tensor) else value
         sums[key] = sums[key] + value if key in sums else value
 
 
@@ -422,15 +431,15 @@ def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict
     come back as lists, summed element-wise.
     """
     distributed = dist.is_available() and dist.is_initialized()
-    shapes = {k: tuple(v.shape) for k, v in sums.items()}
+    shapes = {k: tuple(getattr(v, "shape", ())) for k, v in sums.items()}
     if distributed:
         for other in gather_objects(shapes, dist.get_world_size()):
             shapes.update(other)
     keys = sorted(shapes)
     if not keys:
         return {}
-    parts = [sums[k].to(device).float().reshape(-1) if k in sums else torch.zeros(math.prod(shapes[k]), device=device)
-             for k in keys]
+    parts = [torch.as_tensor(sums[k], dtype=torch.float32, device=device).reshape(-1) if k in sums
+             else torch.zeros(math.prod(shapes[k]), device=device) for k in keys]
     packed = torch.cat(parts)
     if distributed:
         dist.all_reduce(packed)

@@ -47,7 +47,13 @@ def parameter_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], wei
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al. 2019) as google-research/albert: Adam moments without bias correction, decoupled weight
     decay added to the update, and the update scaled by the trust ratio ‖w‖/‖update‖ (1 when either is 0).
-    Groups with `use_trust_ratio=False` (LayerNorm, bias) take the plain Adam-style step."""
+    Groups with `use_trust_ratio=False` (LayerNorm, bias) take the plain Adam-style step.
+
+    Like torch's fused optimizers it takes `grad_scale` and `found_inf` (tensors set as attributes by GradScaler
+    or `step_unless`) and skips a step on the device, leaving weights and moments as they were, without reading
+    `found_inf` back on the host."""
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
         if lr <= 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
@@ -60,13 +66,15 @@ class Lamb(torch.optim.Optimizer):
         loop of ~10 small ops per parameter: the per-parameter trust ratios come from one `_foreach_norm` each for
         the weights and the updates."""
         loss = closure() if closure is not None else None
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params:
-                self._group_step(group, params)
+                self._group_step(group, params, grad_scale, found_inf)
         return loss
 
-    def _group_step(self, group: dict, params: list[torch.Tensor]) -> None:
+    def _group_step(self, group: dict, params: list[torch.Tensor], grad_scale: torch.Tensor | None,
+                    found_inf: torch.Tensor | None) -> None:
         beta1, beta2 = group["betas"]
         for p in params:
             if not self.state[p]:
@@ -76,9 +84,17 @@ class Lamb(torch.optim.Optimizer):
         v = [self.state[p]["exp_avg_sq"] for p in params]
         grads = [p.grad.float() for p in params]
         weights = [p.float() for p in params]  # the parameters themselves when they are float32
-        torch._foreach_mul_(m, beta1)
+        if grad_scale is not None:
+            grads = torch._foreach_div(grads, grad_scale)
+        decay1, decay2 = beta1, beta2
+        if found_inf is not None:
+            # a skipped step: zero gradients and moments that decay by 1, i.e. nothing changes
+            taken = 1 - found_inf.float()
+            grads = [torch.where(taken.bool(), g, 0.0) for g in grads]
+            decay1, decay2 = 1 - (1 - beta1) * taken, 1 - (1 - beta2) * taken
+        torch._foreach_mul_(m, decay1)
         torch._foreach_add_(m, grads, alpha=1 - beta1)
-        torch._foreach_mul_(v, beta2)
+        torch._foreach_mul_(v, decay2)
         torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
         denominators = torch._foreach_sqrt(v)
         torch._foreach_add_(denominators, group["eps"])
@@ -90,10 +106,22 @@ class Lamb(torch.optim.Optimizer):
             u_norm = torch.stack(torch._foreach_norm(updates))
             ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
             torch._foreach_mul_(updates, list(ratio.unbind()))
+        if found_inf is not None:
+            torch._foreach_mul_(updates, taken)
         torch._foreach_add_(weights, updates, alpha=-group["lr"])
         for p, w in zip(params, weights):
             if w is not p:  # a half-precision parameter: its float32 copy took the step
                 p.copy_(w)
+
+
+def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
+    """`optimizer.step()`, skipped on the device where the 0-dim `found_inf` is true: the host never waits for
+    the device to tell. Both optimizers `build_optimizer` makes take `found_inf` (torch's fused AdamW and `Lamb`)."""
+    optimizer.found_inf = found_inf.float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
 
 
 def build_optimizer(kind: str, groups: list[dict], lr: float, betas: tuple[float, float], eps: float,

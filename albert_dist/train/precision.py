@@ -1,8 +1,10 @@
-"""Mixed precision: bf16 autocast on CPU and GPU, fp16 autocast with a GradScaler on GPU, or plain fp32."""
+"""Mixed precision: bf16 autocast on CPU and GPU, fp16 autocast with a GradScaler on GPU, or plain fp32; and the
+deterministic algorithms that a run resuming bit for bit on a GPU needs."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -55,3 +57,15 @@ def autocast(precision: str, device: torch.device):
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
     """fp16 needs loss scaling against gradient underflow; bf16 has fp32's exponent range and does not."""
     return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+#: cuBLAS reuses workspaces nondeterministically unless given fixed ones (CUDA's reproducibility notes); cuBLAS reads
+#: the variable when it first creates a handle, so it must be set before the process's first matmul on a GPU
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+
+def request_determinism() -> None:
+    """Make every kernel deterministic (an op without a deterministic implementation raises instead of running):
+    dropout draws and sums then repeat bit for bit, so a resumed run ends with the uninterrupted run's weights."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+    torch.use_deterministic_algorithms(True)
