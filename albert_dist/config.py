@@ -304,6 +304,10 @@ class TrainBase(Section):
                                                                "workers' resources back after a node is lost "
                                                                "before the run fails; -1 = wait forever.")
     max_nonfinite_steps: int = Field(20, ge=1, description="Consecutive non-finite losses before the run stops.")
+    drain_check_every: int = Field(10, gt=0, description="Steps between checks for a drain notice on a worker's "
+                                                         "node (spot reclaim, scale-down): on one, the workers "
+                                                         "write a checkpoint at the step reached. Each check is a "
+                                                         "collective across the workers.")
     activation_checkpointing: bool = False
     compile: bool = False
     deterministic: bool = Field(False, description="Deterministic kernels only (and cuBLAS's fixed workspace), "

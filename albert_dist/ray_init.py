@@ -85,11 +85,15 @@ def start_local_ray(**init_kwargs: Any):
             print("local Ray: its node did not come up in time (a busy machine?); starting it again", flush=True)
 
 
+#: Ray Train's switch for its preemption watcher, the actor that tells the workers of a node's drain notice
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+
 def _local_train_settings() -> dict[str, str]:
     """Ray Train settings for a Ray on one machine, unless the caller's environment sets them: no preemption
     watcher, an actor per training run that polls for node drains, which one machine never has (it costs ~5 CPU
     seconds to start each run, a seventh of a small run's start-up on 2 cores)."""
-    settings = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    settings = {PREEMPTION_WATCHER: "0"}
     return {name: value for name, value in settings.items() if name not in os.environ}
 
 

@@ -286,3 +286,26 @@ def test_fingerprint_keeps_what_decides_the_training_and_names_its_changes():
         "scaling.num_workers 2 → 4", "train.learning_rate 0.001 → 0.002",
         "the prepared data (digest dddddddddddd → eeeeeeeeeeee)"]
     assert checkpointing.fingerprint_changes(None, changed) == []  # a checkpoint from before fingerprints
+
+
+def test_a_drain_notice_checkpoints_the_step_reached_once_and_is_logged(tmp_path):
+    """A node told to drain at step 7, checked every 5 steps: the checkpoint of step 10 is written (between the
+    regular ones of 20 and 40), once however long the notice stands, and the event reaches MLflow's metrics; a
+    resume from it continues the run exactly."""
+    saved, logged, lines = Checkpoints(tmp_path), [], []
+    trainer = Trainer(KeywordTask(), settings(drain_check_every=5),
+                      WorkerEnv(report=saved, log_metrics=lambda metrics, step: logged.append((metrics, step)),
+                                print_fn=lines.append))
+    trainer.env.draining = lambda: trainer.position.step >= 7
+    trainer.fit()
+    assert sorted(int(p.name[4:]) for p in tmp_path.glob("step*")) == [10, 20, 40]
+    assert [(m, s) for m, s in logged if "drain_notice_step" in m] == [({"drain_notice_step": 10.0}, 10)]
+    assert sum("drain notice" in line for line in lines) == 1
+    full = Trainer(KeywordTask(), settings(), WorkerEnv())
+    full.fit()
+    resumed = Trainer(KeywordTask(), settings(), WorkerEnv(resume_dir=tmp_path / "step10", print_fn=lambda s: None))
+    assert resumed.position.step == 10
+    resumed.fit()
+    for (name, a), b in zip(weights(full).items(), weights(resumed).values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+

@@ -40,8 +40,8 @@ RELAUNCH_MAY_CHANGE = (
     "run.name", "run.output_dir", "run.resume_changes", "tracking.", "data.output", "data.cache", "data.packing",
     "scaling.use_gpu", "scaling.cpus_per_worker", "scaling.gpus_per_worker", "scaling.placement_strategy",
     "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.max_failures", "train.resource_wait_attempts", "train.peak_tflops", "train.plateau_warning_after",
-    "train.lr_range_", "train.deterministic",
+    "train.max_failures", "train.resource_wait_attempts", "train.drain_check_every", "train.peak_tflops",
+    "train.plateau_warning_after", "train.lr_range_", "train.deterministic",
 )
 STATE_FILE = "training_state.pt"
 MODEL_DIR = "model"

@@ -131,6 +131,9 @@ class WorkerEnv:
     #: recorded in every checkpoint's manifest (`checkpointing.fingerprint`)
     fingerprint: dict[str, Any] | None = None
     print_fn: Callable[[str], None] = lambda line: print(line, flush=True)
+    #: whether a node of this run has been told to drain (the same answer on every rank; a collective); None where
+    #: no drain can come
+    draining: Callable[[], bool] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -178,6 +181,7 @@ class Trainer:
         self.nonfinite_run = torch.zeros((), dtype=torch.long, device=env.device)
         self.nonfinite_longest = torch.zeros((), dtype=torch.long, device=env.device)
         self.plateau_warned = False
+        self.draining = False
         if env.resume_dir is not None:
             self._restore(env.resume_dir)
         self.wrapped = env.wrap_model(self.model)
@@ -213,7 +217,7 @@ class Trainer:
                 self._log(metrics, fit_start, start_step)
                 window, window_start, window_steps = {}, time.perf_counter(), 0
             evaluate = pos.step % s.eval_every == 0 or last or self.task.should_evaluate(pos.step)
-            checkpoint = self.checkpoints.due(pos.step) or last
+            checkpoint = self.checkpoints.due(pos.step) or last or self._drain_notice()
             if self._evaluate_and_report(metrics, evaluate, checkpoint, last, start_step):
                 if self.env.is_main:
                     self.env.print_fn(f"early stop at step {pos.step}: {self.task.best_metric} did not improve")
@@ -223,6 +227,20 @@ class Trainer:
             # right after it), so the end is evaluated and reported again and the run's result is its end
             self._evaluate_and_report(metrics, evaluate=True, checkpoint=True, last=True, start_step=start_step)
         return {**metrics, "status": "completed", "step": pos.step}
+
+    def _drain_notice(self) -> bool:
+        """True at the first check after a node of this run was told to drain, so that a checkpoint of the step
+        reached is written before the node goes; the event is logged as `drain_notice_step`."""
+        if self.env.draining is None or self.position.step % self.settings.drain_check_every:
+            return False
+        draining = self.env.draining()
+        notice, self.draining = draining and not self.draining, draining
+        if notice and self.env.is_main:
+            step = self.position.step
+            self.env.print_fn(f"step {step}/{self.settings.max_steps} | drain notice: checkpointing this step")
+            if self.env.log_metrics:
+                self.env.log_metrics({"drain_notice_step": float(step)}, step)
+        return notice
 
     def _evaluate_and_report(self, metrics: dict[str, Any], evaluate: bool, checkpoint: bool, last: bool,
                              start_step: int) -> bool:

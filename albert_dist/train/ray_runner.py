@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 from albert_dist.config import ScalingSection, TrainSection
 from albert_dist.storage import is_uri, join_location
 from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is_disk_full
+from albert_dist.ray_init import PREEMPTION_WATCHER
 from albert_dist.train import checkpointing
 from albert_dist.train.collectives import broadcast_object
 from albert_dist.train.loop import TaskSpec, Trainer, WorkerEnv
@@ -228,12 +230,17 @@ def _train_worker(config: dict[str, Any]) -> dict[str, Any]:
     env = WorkerEnv(rank=rank, world_size=world_size, device=ray.train.torch.get_device(),
                     wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
                     best_model_dir=best_model_dir,
-                    resume_dir=checkpointing.local_copy(chosen) if chosen else None, fingerprint=config["fingerprint"])
+                    resume_dir=checkpointing.local_copy(chosen) if chosen else None, fingerprint=config["fingerprint"],
+                    draining=_draining if os.environ.get(PREEMPTION_WATCHER, "1") != "0" else None)
     train = TrainSection.model_validate(config["train"])
     result = Trainer(task, train, env, seed=config["seed"]).fit()
     if logger is not None:
         logger.flush()
     return {key: result[key] for key in ("status", "step", "message") if key in result}  # plain values only
+
+
+def _draining() -> bool:
+    return ray.train.get_preemption_info() is not None
 
 
 def _report(metrics: dict[str, Any], checkpoint_dir: Path | None) -> None:

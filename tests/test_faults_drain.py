@@ -1,0 +1,158 @@
+"""A node told to drain (a spot reclaim with its two-minute warning, an autoscaler scale-down): the workers write a
+checkpoint of the step reached before the deadline, the run goes on from it once a node is back, and the preemption
+is not counted as a failure (the run has `max_failures=0`).
+
+As in test_faults_node, `ray.cluster_utils.Cluster` runs in a subprocess (`python tests/test_faults_drain.py ROOT`).
+The head has no CPU, so the training worker runs on the worker node, which is drained with a deadline and removed
+when the deadline passes, as a cloud reclaims a spot instance; then another node joins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from albert_dist.train.loop import TaskSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+
+TESTS = Path(__file__).resolve().parent
+MAX_STEPS = 40
+DRAIN_AT_STEP = 8
+DEADLINE_S = 25
+
+
+def checkpoint_steps(root: Path) -> list[int]:
+    return sorted(json.loads(m.read_text())["step"] for m in root.glob("ray/*/checkpoint_*/manifest.json"))
+
+
+@dataclass(frozen=True)
+class CountedKeywordTask(TaskSpec):
+    """test_loop's KeywordTask, counting its training steps in ROOT/steps. The first worker, once a checkpoint
+    exists, waits to be taken down with its node, so the run cannot finish before the reclaim however slow the
+    machine; the worker of the restart runs freely."""
+
+    root: str
+
+    def build(self, rank, world_size, dataset):
+        from test_loop import KeywordTask
+
+        root = Path(self.root)
+        first_worker = not checkpoint_steps(root)
+
+        class Counted(KeywordTask):
+            def loss(self, model, batch):
+                if first_worker:
+                    with open(root / "steps", "a") as steps:
+                        steps.write(".")
+                    deadline = time.time() + 300
+                    while checkpoint_steps(root) and time.time() < deadline:
+                        time.sleep(0.2)
+                return super().loss(model, batch)
+
+        return Counted()
+
+
+def drain(cluster, node, deadline_s: int) -> float:
+    """Ray's drain with a deadline, as the autoscaler sends it for a preempted node; returns the deadline."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    deadline = time.time() + deadline_s
+    accepted, why = ray._raylet.GcsClient(address=cluster.address).drain_node(
+        node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), "spot reclaim",
+        int(deadline * 1000))
+    assert accepted, why
+    return deadline
+
+
+def reclaim(cluster, node, root: Path) -> None:
+    steps = root / "steps"
+    give_up = time.time() + 300
+    while not (steps.exists() and len(steps.read_text()) >= DRAIN_AT_STEP) and time.time() < give_up:
+        time.sleep(0.1)
+    deadline = drain(cluster, node, DEADLINE_S)
+    print(f"drain notice at step {len(steps.read_text())}", flush=True)
+    while not checkpoint_steps(root) and time.time() < deadline:
+        time.sleep(0.1)
+    print(f"checkpoints {checkpoint_steps(root)} with {deadline - time.time():.1f} s left", flush=True)
+    time.sleep(max(0.0, deadline - time.time()))
+    cluster.remove_node(node, allow_graceful=False)
+    print("node reclaimed", flush=True)
+    cluster.add_node(num_cpus=1)
+    print("node added", flush=True)
+
+
+def main(root: Path) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from albert_dist.config import ScalingSection, TrainSection
+    from albert_dist.errors import AlbertDistError
+    from albert_dist.train.ray_runner import run_training
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    node = cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=True)
+    train = TrainSection(max_steps=MAX_STEPS, warmup_steps=2, log_every=10, eval_every=MAX_STEPS,
+                         checkpoint_every=MAX_STEPS, drain_check_every=1, precision="fp32", optimizer="adamw",
+                         learning_rate=2e-3, max_failures=0, resource_wait_attempts=-1)
+
+    def fit() -> None:
+        try:
+            result = run_training(name="drain", storage_path=root / "ray", task=CountedKeywordTask(str(root)),
+                                  train=train, scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
+        except AlbertDistError as err:
+            print(f"ERROR {err}", flush=True)
+            return
+        print("RESULT " + json.dumps({"step": result.metrics["step"]}), flush=True)
+
+    training = threading.Thread(target=fit)
+    training.start()
+    try:
+        reclaim(cluster, node, root)
+        training.join()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_a_drain_notice_checkpoints_before_the_deadline_and_the_run_goes_on(tmp_path):
+    ray_tmp = tempfile.mkdtemp(prefix="rd-", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")}
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]), RAY_TMPDIR=ray_tmp,
+               RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="0.5", RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30")
+    try:
+        run = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env, capture_output=True, text=True,
+                             timeout=600)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    out = run.stdout + run.stderr
+    (tmp_path / "output.txt").write_text(out)
+    assert run.returncode == 0, out[-6000:]
+    noticed = int(re.search(r"drain notice at step (\d+)", out)[1])
+    # the checkpoint of the step the notice reached, written before the deadline: the only one before the end
+    written = re.search(r"checkpoints \[(\d+)\] with ([\d.]+) s left", out)
+    assert written, out[-6000:]
+    step = int(written[1])
+    assert noticed <= step < MAX_STEPS and float(written[2]) > 0, out[-6000:]
+    assert "node reclaimed" in out and "node added" in out, out[-6000:]
+    assert re.search(rf"resumed from \S+ at step {step} ", out), out[-6000:]
+    # max_failures=0: had the reclaim counted as a failure, the run would have stopped with it
+    assert f'RESULT {{"step": {MAX_STEPS}}}' in out, out[-6000:]
+    assert checkpoint_steps(tmp_path) == [step, MAX_STEPS]
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
