@@ -20,8 +20,6 @@ from albert_dist.config import DataJobConfig, load_config
 from albert_dist.tokenizer import load_tokenizer
 from chinese_helpers import ZH_SENTENCES
 
-pytestmark = pytest.mark.slow  # data prepare runs on Ray
-
 CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
 MAX_LENGTH = 512
 
@@ -126,6 +124,7 @@ def _strip_specials(rows: list[list[int]], cls_id: int, sep_id: int) -> list[lis
     return [r[1:-1] for r in rows]
 
 
+@pytest.mark.slow  # data prepare runs on Ray
 def test_every_path_gives_the_exported_tokenizers_ids(prepared, exports, tmp_path):
     from albert_dist.finetune.config import TaskDataSection
     from albert_dist.finetune.job import prepare_task_data
@@ -165,6 +164,7 @@ def test_every_path_gives_the_exported_tokenizers_ids(prepared, exports, tmp_pat
     assert sorted(_strip_specials(seen, cls_id, sep_id)) == sorted(reference)
 
 
+@pytest.mark.slow
 def test_prepared_chinese_vocabulary_knows_every_frequent_character(prepared):
     data, tokenizer_dir = prepared
     vocab = set((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").split("\n"))
@@ -177,3 +177,14 @@ def test_prepared_chinese_vocabulary_knows_every_frequent_character(prepared):
     tokens = sum(len(ids) for ids in _instance_ids(data))
     unk = sum(ids.count(data.tokenizer.unk_id) for ids in _instance_ids(data))
     assert tokens > 5000 and unk == 0
+
+
+def test_data_prepared_through_nfkc_is_refused(tmp_path):
+    """Format 1 instances were tokenized after NFKC, with a vocabulary that lacks full-width characters: a model
+    pretrained on them reads raw text with [UNK]s, so they are prepared again rather than trained on."""
+    from albert_dist.data import load_prepared
+    from albert_dist.errors import DataError
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1}), encoding="utf-8")
+    with pytest.raises(DataError, match="dataset format 1, this version reads 2: prepare it again"):
+        load_prepared(tmp_path)
