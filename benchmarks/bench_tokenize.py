@@ -1,5 +1,5 @@
-"""Tokens per second of the tokenizer data prepare runs, side by side with the pure-Python path, on the same lines in
-one process, one core (`TOKENIZERS_PARALLELISM=false`, sentencepiece `num_threads=1`), ids checked equal.
+"""Tokens per CPU second of the tokenizer data prepare runs, side by side with the pure-Python path, on the same
+lines in one process, one core (`TOKENIZERS_PARALLELISM=false`, sentencepiece `num_threads=1`), ids checked equal.
 
     apt-get install manpages-zh
     python benchmarks/corpora.py zh-manpages /tmp/zh_manpages.txt
@@ -82,24 +82,30 @@ def per_line_sentencepiece(model_file: Path):
 
 
 def race(name: str, lines: list[str], contenders: dict, repeats: int) -> None:
-    """Each contender once per round (so a busy spell slows them alike), the median round per contender."""
+    """Each contender once per round (so a busy spell slows them alike), the median round per contender, as tokens
+    per CPU second of this process (every contender runs on one thread: on a shared machine, the figure a quiet
+    core would give) and per wall second."""
     results = {label: fn(lines) for label, fn in contenders.items()}
     first = next(iter(results.values()))
     for label, ids in results.items():
         mismatched = sum(a != b for a, b in zip(ids, first))
         assert not mismatched, f"{name}: {label} differs from the reference on {mismatched} of {len(lines)} lines"
     tokens = sum(map(len, first))
-    times: dict[str, list[float]] = {label: [] for label in contenders}
+    cpu: dict[str, list[float]] = {label: [] for label in contenders}
+    wall: dict[str, list[float]] = {label: [] for label in contenders}
     for _ in range(repeats):
         for label, fn in contenders.items():
-            start = time.perf_counter()
+            start_cpu, start_wall = time.process_time(), time.perf_counter()
             fn(lines)
-            times[label].append(time.perf_counter() - start)
-    medians = {label: statistics.median(t) for label, t in times.items()}
-    reference = next(iter(medians.values()))
+            cpu[label].append(time.process_time() - start_cpu)
+            wall[label].append(time.perf_counter() - start_wall)
+    cpu_s = {label: statistics.median(t) for label, t in cpu.items()}
+    wall_s = {label: statistics.median(t) for label, t in wall.items()}
+    reference = next(iter(contenders))
     print(f"{name}: {len(lines):,} sentences, {tokens:,} tokens, identical ids")
-    for label, seconds in medians.items():
-        print(f"  {label:<40} {tokens / seconds:>12,.0f} tokens/s  ×{reference / seconds:.2f}")
+    for label in contenders:
+        print(f"  {label:<44} {tokens / cpu_s[label]:>10,.0f} tokens/CPU-s  ×{cpu_s[reference] / cpu_s[label]:.2f}"
+              f"   ({tokens / wall_s[label]:,.0f} tokens/wall-s  ×{wall_s[reference] / wall_s[label]:.2f})")
 
 
 def main() -> None:
