@@ -45,7 +45,6 @@ MODEL_MAX_LENGTH = 512
 _PROGRESS_EVERY_BYTES = 64 << 20
 _WORDPIECE_MAX_CHARS = 100  # BERT: longer words become [UNK]
 _SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask")
-_DIGIT_COMMA = re.compile(r"\d,")  # where google's digit-comma re-split can apply
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -261,7 +260,7 @@ class _SentencePieceBackend:
         batch = self._sp.encode(texts, out_type=str, num_threads=1)
         out = []
         for text, pieces in zip(texts, batch):
-            if _DIGIT_COMMA.search(text):
+            if _has_digit_comma(text):
                 pieces = self._split_digit_commas(pieces)
             out.append((pieces, self._sp.piece_to_id(pieces)))
         return out
@@ -299,6 +298,16 @@ class _SentencePieceBackend:
     def tokenizer_config(self) -> dict:
         return {"tokenizer_class": "AlbertTokenizer", "do_lower_case": True, "remove_space": True,
                 "keep_accents": False, "bos_token": "[CLS]", "eos_token": "[SEP]"}
+
+
+def _has_digit_comma(text: str) -> bool:
+    """Whether `text` has a comma after a digit (as `str.isdigit` says), where the re-split can apply."""
+    comma = text.find(",", 1)
+    while comma > 0:
+        if text[comma - 1].isdigit():
+            return True
+        comma = text.find(",", comma + 1)
+    return False
 
 
 class _WordPieceBackend:
