@@ -5,8 +5,13 @@ Two backends:
 * SentencePiece (`spiece.model`, English ALBERT): the text is preprocessed in Python exactly like google's
   `tokenization.py` / transformers' slow `AlbertTokenizer` (whitespace collapse, quote normalisation, NFKD accent
   stripping, lowercasing), then encoded by sentencepiece, then pieces like `▁1,` are re-split (the digit-comma quirk).
-* WordPiece (`vocab.txt`, Chinese ALBERTs): BERT's basic tokenizer (clean, lowercase, strip accents, split
-  punctuation, one token per CJK character) followed by greedy longest-match-first WordPiece.
+* WordPiece (`vocab.txt`, Chinese ALBERTs): the `tokenizers` library's BERT pipeline, built exactly as
+  transformers builds `BertTokenizer` from a vocab.txt (BertNormalizer: clean control characters, one token per CJK
+  character, lowercase and strip accents; no NFKC, so full-width ，！（５ stay themselves as in bert-base-chinese;
+  BertPreTokenizer; greedy longest-match-first WordPiece). The same pipeline trains the vocabulary.
+
+This normalization is the only one: data preparation, fine-tuning, prediction and the exported tokenizer in
+transformers all feed raw text to it.
 
 `train_sentencepiece` trains a unigram model with ALBERT's id layout (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4).
 """
@@ -180,7 +185,7 @@ def train_wordpiece(
     numbers. The `tokenizers` library's WordPiece trainer runs behind BERT's normaliser and pre-tokenizer, which
     isolate every CJK character; its `##字` entries are dropped (a CJK character is always a word of its own, so
     they could never be produced) and their room given to Latin pieces. Lines are sampled as for SentencePiece."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import models, trainers
 
     if input_sentence_size < 1:
         raise TokenizerError(f"input_sentence_size must be at least 1, not {input_sentence_size}")
@@ -189,10 +194,8 @@ def train_wordpiece(
     if not lines:
         raise TokenizerError(f"empty corpus: no non-blank lines in {', '.join(map(str, paths))}")
     cjk = {c for line in lines for c in line if _is_cjk(ord(c))}
-    model = Tokenizer(models.WordPiece(unk_token=_WordPieceBackend._SPECIAL["unk"],
-                                       max_input_chars_per_word=_WORDPIECE_MAX_CHARS))
-    model.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True)
-    model.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    model = _bert_pipeline(models.WordPiece(unk_token=_WordPieceBackend._SPECIAL["unk"],
+                                            max_input_chars_per_word=_WORDPIECE_MAX_CHARS))
     specials = [_WordPieceBackend._SPECIAL[role] for role in _SPECIAL_ROLES]
     model.train_from_iterator(lines, trainers.WordPieceTrainer(
         vocab_size=vocab_size + len(cjk), special_tokens=specials, show_progress=False))
@@ -249,8 +252,18 @@ class _SentencePieceBackend:
         return self._sp.get_piece_size()
 
     def tokenize(self, text: str) -> list[str]:
-        pieces = self._sp.encode(albert_preprocess(text), out_type=str)
-        return self._split_digit_commas(pieces)
+        return self.encode_batch([text])[0][0]
+
+    def encode_batch(self, texts: list[str]) -> list[tuple[list[str], list[int]]]:
+        # One thread: Ray gives the other cores to other workers.
+        texts = [albert_preprocess(text) for text in texts]
+        batch = self._sp.encode(texts, out_type=str, num_threads=1)
+        out = []
+        for text, pieces in zip(texts, batch):
+            if _has_digit_comma(text):
+                pieces = self._split_digit_commas(pieces)
+            out.append((pieces, self._sp.piece_to_id(pieces)))
+        return out
 
     def _split_digit_commas(self, pieces: list[str]) -> list[str]:
         """google's quirk: a piece like `▁1,` or `9,` is re-encoded without its comma, the comma kept apart."""
@@ -287,20 +300,35 @@ class _SentencePieceBackend:
                 "keep_accents": False, "bos_token": "[CLS]", "eos_token": "[SEP]"}
 
 
+def _has_digit_comma(text: str) -> bool:
+    """Whether `text` has a comma after a digit (as `str.isdigit` says), where the re-split can apply."""
+    comma = text.find(",", 1)
+    while comma > 0:
+        if text[comma - 1].isdigit():
+            return True
+        comma = text.find(",", comma + 1)
+    return False
+
+
 class _WordPieceBackend:
-    """BERT's vocab.txt tokenizer: basic tokenization, then greedy longest-match-first WordPiece."""
+    """BERT's vocab.txt tokenizer, run by `tokenizers` (see the module docstring); picklable through its tokens."""
 
     kind = "wordpiece"
     _SPECIAL = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 
     def __init__(self, tokens: list[str], source: str):
+        from tokenizers import models
+
         self._tokens = tokens
+        self._source = source
         self._ids = {t: i for i, t in enumerate(tokens)}  # a duplicate keeps its last id, as BERT's load_vocab
         missing = [t for t in self._SPECIAL.values() if t not in self._ids]
         if missing:
             raise TokenizerError(f"{source} lacks the special tokens {missing}")
         self.special_tokens = dict(self._SPECIAL)
         self._unk = self._SPECIAL["unk"]
+        self._tokenizer = _bert_pipeline(models.WordPiece(self._ids, unk_token=self._unk,
+                                                          max_input_chars_per_word=_WORDPIECE_MAX_CHARS))
 
     @classmethod
     def from_file(cls, path: Path) -> _WordPieceBackend:
@@ -309,32 +337,23 @@ class _WordPieceBackend:
             lines.pop()
         return cls(lines, str(path))
 
+    def __getstate__(self) -> dict:
+        return {"tokens": self._tokens, "source": self._source}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["tokens"], state["source"])
+
     @property
     def vocab_size(self) -> int:
         return len(self._tokens)
 
     def tokenize(self, text: str) -> list[str]:
-        return [piece for word in _bert_basic_tokenize(text) for piece in self._wordpiece(word)]
+        return self._tokenizer.encode(text, add_special_tokens=False).tokens
 
-    def _wordpiece(self, word: str) -> list[str]:
-        if len(word) > _WORDPIECE_MAX_CHARS:
-            return [self._unk]
-        pieces, start = [], 0
-        while start < len(word):
-            piece = self._longest_piece(word, start)
-            if piece is None:
-                return [self._unk]
-            pieces.append(piece)
-            start += len(piece) - (2 if start else 0)
-        return pieces
-
-    def _longest_piece(self, word: str, start: int) -> str | None:
-        prefix = "##" if start else ""
-        for end in range(len(word), start, -1):
-            candidate = prefix + word[start:end]
-            if candidate in self._ids:
-                return candidate
-        return None
+    def encode_batch(self, texts: list[str]) -> list[tuple[list[str], list[int]]]:
+        # One text at a time: encode_batch would spread over every core, which Ray has given to other workers.
+        encodings = (self._tokenizer.encode(text, add_special_tokens=False) for text in texts)
+        return [(e.tokens, e.ids) for e in encodings]
 
     def token_to_id(self, token: str) -> int:
         return self._ids.get(token, self._ids[self._unk])
@@ -355,70 +374,32 @@ class _WordPieceBackend:
 
     @staticmethod
     def tokenizer_config() -> dict:
-        return {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "tokenize_chinese_chars": True,
-                "strip_accents": None}
+        return {"tokenizer_class": "BertTokenizer", **_BERT_OPTIONS}
 
 
-# BERT's basic tokenizer (google-research/bert tokenization.py, transformers' BasicTokenizer)
+# What transformers' BertTokenizer reads from tokenizer_config.json and builds its BertNormalizer from: the
+# pipeline below uses the same values, so the export tokenizes as this module does.
+_BERT_OPTIONS = {"do_lower_case": True, "tokenize_chinese_chars": True, "strip_accents": None}
+
+
+def _bert_pipeline(model):
+    """A `tokenizers.Tokenizer` around the WordPiece `model` with BERT's normalizer and pre-tokenizer, configured
+    as transformers' BertTokenizer does from `_BERT_OPTIONS`."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
+
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=_BERT_OPTIONS["tokenize_chinese_chars"],
+        strip_accents=_BERT_OPTIONS["strip_accents"], lowercase=_BERT_OPTIONS["do_lower_case"])
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return tokenizer
+
 
 def _is_cjk(cp: int) -> bool:
+    """BERT's CJK ranges: the characters its normalizer makes words of their own."""
     return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
             or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
             or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
-
-
-def _is_whitespace(c: str) -> bool:
-    return c in " \t\n\r" or unicodedata.category(c) == "Zs"
-
-
-def _is_control(c: str) -> bool:
-    return c not in "\t\n\r" and unicodedata.category(c) in ("Cc", "Cf")
-
-
-def _is_punctuation(c: str) -> bool:
-    cp = ord(c)
-    return (33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
-            or unicodedata.category(c).startswith("P"))
-
-
-def _clean_and_space_cjk(text: str) -> str:
-    """Drop NUL/U+FFFD/control characters, map whitespace to spaces, surround CJK characters with spaces."""
-    out = []
-    for c in text:
-        cp = ord(c)
-        if cp == 0 or cp == 0xFFFD or _is_control(c):
-            continue
-        if _is_whitespace(c):
-            out.append(" ")
-        elif _is_cjk(cp):
-            out.append(f" {c} ")
-        else:
-            out.append(c)
-    return "".join(out)
-
-
-def _strip_accents_nfd(text: str) -> str:
-    return "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
-
-
-def _split_punctuation(word: str) -> list[str]:
-    parts: list[str] = []
-    start_new = True
-    for c in word:
-        if _is_punctuation(c):
-            parts.append(c)
-            start_new = True
-        else:
-            if start_new:
-                parts.append("")
-                start_new = False
-            parts[-1] += c
-    return parts
-
-
-def _bert_basic_tokenize(text: str) -> list[str]:
-    words = _clean_and_space_cjk(text).split()
-    return [part for word in words for part in _split_punctuation(_strip_accents_nfd(word.lower()))]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -456,7 +437,11 @@ class AlbertTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids without special tokens."""
-        return self.convert_tokens_to_ids(self.tokenize(text))
+        return self._backend.encode_batch([text])[0][1]
+
+    def tokenize_batch(self, texts: Sequence[str]) -> list[tuple[list[str], list[int]]]:
+        """Each text's tokens and their ids (no special tokens), through the backend's native encoder."""
+        return self._backend.encode_batch(list(texts))
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         ids = [i for i in ids if not (skip_special_tokens and i in self.special_ids)]
@@ -486,8 +471,19 @@ class AlbertTokenizer:
 
     def encode_pair(self, text_a: str, text_b: str | None = None, max_length: int | None = None,
                     truncation: bool = True) -> dict[str, list[int]]:
-        ids_a = self.encode(text_a)
-        ids_b = self.encode(text_b) if text_b is not None else None
+        return self.encode_pairs([text_a], None if text_b is None else [text_b], max_length, truncation)[0]
+
+    def encode_pairs(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None,
+                     max_length: int | None = None, truncation: bool = True) -> list[dict[str, list[int]]]:
+        """`encode_pair` of each text (and its pair), the texts encoded in one batch."""
+        if text_pairs is not None and len(text_pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text pairs")
+        ids_a = [ids for _, ids in self.tokenize_batch(texts)]
+        ids_b = [ids for _, ids in self.tokenize_batch(text_pairs)] if text_pairs is not None else [None] * len(texts)
+        return [self._pair_inputs(a, b, max_length, truncation) for a, b in zip(ids_a, ids_b)]
+
+    def _pair_inputs(self, ids_a: list[int], ids_b: list[int] | None, max_length: int | None,
+                     truncation: bool) -> dict[str, list[int]]:
         if max_length is not None and truncation:
             budget = max_length - (2 if ids_b is None else 3)
             if budget < 0:
@@ -503,10 +499,7 @@ class AlbertTokenizer:
             raise ValueError(f"padding must be 'longest' or 'max_length', not {padding!r}")
         if padding == "max_length" and max_length is None:
             raise ValueError("padding='max_length' needs max_length")
-        if text_pairs is not None and len(text_pairs) != len(texts):
-            raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text pairs")
-        pairs = text_pairs if text_pairs is not None else [None] * len(texts)
-        rows = [self.encode_pair(a, b, max_length) for a, b in zip(texts, pairs)]
+        rows = self.encode_pairs(texts, text_pairs, max_length)
         width = max_length if padding == "max_length" else max((len(r["input_ids"]) for r in rows), default=0)
         if pad_to_multiple_of:
             width = -(-width // pad_to_multiple_of) * pad_to_multiple_of

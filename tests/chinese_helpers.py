@@ -27,3 +27,27 @@ def zh_corpus(path: Path, documents: int = 200, seed: int = 0) -> Path:
     docs = ["".join(rng.sample(ZH_SENTENCES, rng.randint(2, 6))) for _ in range(documents)]
     path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     return path
+
+
+def zh_word_lines(n: int, seed: int = 0) -> list[str]:
+    """`n` lines of real Chinese words (jieba's dictionary, drawn by their frequency: thousands of distinct
+    characters, rare ones included) with what Chinese text mixes in: full-width and ASCII punctuation, full-width
+    and ASCII digits, Latin words, emoji, spaces."""
+    import jieba
+
+    rng = random.Random(seed)
+    words, weights = [], []
+    with open(Path(jieba.__file__).parent / "dict.txt", encoding="utf-8") as f:
+        for line in f:
+            word, freq, *_ = line.split()
+            words.append(word)
+            weights.append(int(freq))
+    extras = ["，", "。", "！", "？", "、", "；", "：", "（", "）", "“", "”", "《", "》", "……", "——", ",", ".", "!",
+              "５", "１２", "２０２４年", "3.14", "100%", "ALBERT", "Python", "😀", "👍🏽", " ", "　", "ｅｍａｉｌ", "Zoë"]
+    lines = []
+    for _ in range(n):
+        parts = rng.choices(words, weights, k=rng.randint(4, 16))
+        for _ in range(rng.randint(1, 4)):
+            parts.insert(rng.randrange(len(parts) + 1), rng.choice(extras))
+        lines.append("".join(parts) + rng.choice("。！？"))
+    return lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+from pathlib import Path
 
 import pytest
 import sentencepiece as spm
@@ -16,8 +17,10 @@ from albert_dist.tokenizer import (
     albert_preprocess,
     load_tokenizer,
     train_sentencepiece,
+    train_wordpiece,
     truncate_longest_first,
 )
+from chinese_helpers import zh_word_lines
 
 transformers = pytest.importorskip("transformers")
 
@@ -302,6 +305,57 @@ def test_wordpiece_save_loads_in_transformers(chinese, tmp_path):
 
 def test_wordpiece_pickle(chinese):
     assert pickle.loads(pickle.dumps(chinese)).encode(ZH_TEXTS[1]) == chinese.encode(ZH_TEXTS[1])
+
+
+# ---- native encoders over thousands of real lines ----
+
+@pytest.fixture(scope="module")
+def real_lines(stdlib_corpus):
+    """2,000 lines of standard-library docstrings and 2,000 of Chinese words mixed with full-width punctuation and
+    digits, Latin words and emoji."""
+    english = [line for line in stdlib_corpus.read_text(encoding="utf-8").splitlines() if line.strip()][:2000]
+    return english + zh_word_lines(2000)
+
+
+@pytest.fixture(scope="module")
+def mixed_wordpiece(real_lines, tmp_path_factory):
+    """A vocabulary trained on every other line: the others hold characters it lacks."""
+    out = tmp_path_factory.mktemp("wordpiece_mixed")
+    corpus = out / "corpus.txt"
+    corpus.write_text("\n".join(real_lines[::2]) + "\n", encoding="utf-8")
+    train_wordpiece(corpus, out, 4000, progress=lambda _: None)
+    return out
+
+
+def _python_bert_tokenizer(directory: Path):
+    """transformers' pure-Python BERT tokenizer: v5's BertTokenizerLegacy, v4's (slow) BertTokenizer."""
+    try:
+        from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy as python_class
+    except ImportError:
+        python_class = transformers.BertTokenizer
+    return python_class(str(directory / "vocab.txt"))
+
+
+def test_native_wordpiece_gives_the_pure_python_and_autotokenizer_ids(mixed_wordpiece, real_lines):
+    ours = load_tokenizer(mixed_wordpiece)
+    batch = ours.tokenize_batch(real_lines)
+    python = _python_bert_tokenizer(mixed_wordpiece)
+    assert [ids for _, ids in batch] == [python.convert_tokens_to_ids(python.tokenize(line)) for line in real_lines]
+    hf = transformers.AutoTokenizer.from_pretrained(ours.save(mixed_wordpiece / "export"))
+    assert [ids for _, ids in batch] == [hf(line, add_special_tokens=False)["input_ids"] for line in real_lines]
+    assert [tokens for tokens, _ in batch] == [ours.convert_ids_to_tokens(ids) for _, ids in batch]
+    assert sum(ids.count(ours.unk_id) for _, ids in batch) > 100  # the lines do reach [UNK]
+
+
+def test_sentencepiece_batch_gives_the_per_line_ids(english, raw_sp, real_lines):
+    """The batch encoder against what google's tokenizer does one line at a time."""
+    expected = []
+    for line in real_lines:
+        pieces = _google_encode_pieces(raw_sp.encode(albert_preprocess(line), out_type=str), raw_sp)
+        expected.append((pieces, [raw_sp.piece_to_id(p) for p in pieces]))
+    assert english.tokenize_batch(real_lines) == expected
+    assert sum(pieces != raw_sp.encode(albert_preprocess(line), out_type=str)
+               for line, (pieces, _) in zip(real_lines, expected)) > 10  # digit-comma re-splits happen
 
 
 # ---- errors ----

@@ -34,7 +34,7 @@ from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
 from albert_dist.storage import publishing_dir, sha256_file, upload_dir
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: text reaches the tokenizer unnormalized (format 1 applied NFKC first)
 _DOCS_PER_BATCH = 64
 _READ_CPUS = 0.25  # reading is light; leave the CPUs to the tokenizer actors
 

@@ -6,7 +6,6 @@ masking, one jieba dictionary, both loaded once per actor.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -17,9 +16,7 @@ import pyarrow as pa
 from albert_dist.data.instances import InstanceSpec, create_instances, document_rng, stable_hash
 from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.segment import JiebaSegmenter, word_starts
-from albert_dist.data.sentences import cap_length, split_sentences, normalize
-
-_SPACES = re.compile(r"\s+")
+from albert_dist.data.sentences import cap_length, collapse_whitespace, split_sentences
 
 INSTANCE_SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
@@ -50,7 +47,7 @@ def document_sentences(text: str, presplit: bool, language: str, max_chars: int,
     """The document's sentences: its lines when the input is one sentence per line, else split; runaway
     sentences cut to `max_chars`."""
     if presplit:
-        sentences = [s for s in (_SPACES.sub(" ", normalize(line)).strip() for line in text.split("\n")) if s]
+        sentences = [s for s in map(collapse_whitespace, text.split("\n")) if s]
     else:
         sentences = split_sentences(text, language)
     capped = []
@@ -91,12 +88,10 @@ class DocumentProcessor:
         s = self.settings
         sentences = document_sentences(text, presplit, s.language, s.max_sentence_chars, counts)
         ids, starts = [], []
-        for sentence in sentences:
-            pieces = self.tokenizer.tokenize(sentence)
+        for sentence, (pieces, token_ids) in zip(sentences, self.tokenizer.tokenize_batch(sentences)):
             if not pieces:
                 counts["empty_sentences"] += 1
                 continue
-            token_ids = self.tokenizer.convert_tokens_to_ids(pieces)
             ids.append(np.array(token_ids, np.int32))
             starts.append(word_starts(self.tokenizer, pieces, token_ids, sentence, self.segmenter, counts))
         if not ids:

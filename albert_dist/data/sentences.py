@@ -1,4 +1,4 @@
-"""Text cleaning and sentence splitting for English and Chinese.
+"""Sentence splitting for English and Chinese.
 
 Sentence order is the training signal of SOP, so the splitter errs on the side of not splitting: a false
 boundary inside "Dr. Smith" or "3.14" produces nonsense pairs, a missed boundary only a longer sentence.
@@ -7,20 +7,16 @@ boundary inside "Dr. Smith" or "3.14" produces nonsense pairs, a missed boundary
 from __future__ import annotations
 
 import re
-import unicodedata
-
-# Full-width forms (！？；（）Ａ１, the ideographic space) become ASCII, "…" becomes "...". SentencePiece's own
-# nmt_nfkc normalisation does the same, so splitting sees the text the tokenizer will see.
-NORMAL_FORM = "NFKC"
 
 _CJK_RANGES = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff"
 _CJK_CHAR = re.compile(f"[{_CJK_RANGES}]")
-_CLOSERS = "\"')\\]}’”」』》〉"
+_CLOSERS = "\"')\\]}’”」』》〉＂＇）］｝"
 
+# The text is split as it is, full-width forms included: the tokenizer's own normalization is the only one.
 # English: terminator run, closing quotes/brackets, whitespace, then something that can start a sentence.
-_EN_BOUNDARY = re.compile(rf"([.!?]+[{_CLOSERS}]*)\s+(?=[\"'(\[‘“「『A-Z0-9{_CJK_RANGES}])")
-# Chinese: 。！？； (half-width after NFKC) or an ellipsis, then closing quotes/brackets; no space needed.
-_ZH_BOUNDARY = re.compile(rf"((?:[。!?;]+|\.{{3,}})[{_CLOSERS}]*)\s*")
+_EN_BOUNDARY = re.compile(rf"([.!?．！？…]+[{_CLOSERS}]*)\s+(?=[\"'(\[‘“「『（［＂Ａ-Ｚ０-９A-Z0-9{_CJK_RANGES}])")
+# Chinese: 。！？； (full- or half-width) or an ellipsis, then closing quotes/brackets; no space needed.
+_ZH_BOUNDARY = re.compile(rf"((?:[。｡！？；!?;]+|\.{{3,}}|…+)[{_CLOSERS}]*)\s*")
 
 # Words after which a period never ends a sentence (titles, Latin abbreviations, references). Case matters:
 # "No. 5" is an abbreviation, "said no." is not.
@@ -31,13 +27,14 @@ _ABBREVIATIONS = frozenset("""
 """.split())
 # Dotted acronyms such as "e.g.", "i.e.", "U.S.", "a.m." (a word before the final period containing a period).
 _DOTTED = re.compile(r"(?:^|\s|\()(?:[A-Za-z]\.)+[A-Za-z]?\.?$")
-_WHITESPACE = re.compile(r"\s+")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# Whitespace to both tokenizers (BERT's normalizer deletes \v \f \x1c-\x1f \x85 as control characters, so
+# they are not replaced by spaces here): a run of it becomes one space without changing any token.
+_WHITESPACE = re.compile(r"[^\S\x0b\x0c\x1c-\x1f\x85]+")
 
 
-def normalize(text: str) -> str:
-    """NFKC (full-width to ASCII, "…" to "..."), control characters other than newline and tab removed."""
-    return _CONTROL.sub("", unicodedata.normalize(NORMAL_FORM, text))
+def collapse_whitespace(text: str) -> str:
+    """`text` with whitespace runs as single spaces, stripped; the tokenizers' tokens stay the same."""
+    return _WHITESPACE.sub(" ", text).strip()
 
 
 def cjk_share(text: str) -> float:
@@ -52,8 +49,8 @@ def detect_language(text: str, threshold: float = 0.2) -> str:
 
 
 def split_sentences(text: str, language: str = "auto") -> list[str]:
-    """Normalised sentences of `text` (whitespace collapsed); `language` is 'en', 'zh' or 'auto'."""
-    text = _WHITESPACE.sub(" ", normalize(text)).strip()
+    """Sentences of `text` (whitespace collapsed, nothing else changed); `language` is 'en', 'zh' or 'auto'."""
+    text = collapse_whitespace(text)
     if not text:
         return []
     if language == "auto":

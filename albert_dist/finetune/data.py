@@ -183,8 +183,7 @@ def encode_texts(tokenizer, texts: list[str], pairs: list[str] | None, max_seq_l
     input_ids = np.full((n, max_seq_length), tokenizer.pad_id, dtype=np.int32)
     token_type_ids = np.zeros((n, max_seq_length), dtype=np.int8)
     lengths = np.empty(n, dtype=np.int32)
-    for i, text in enumerate(texts):
-        row = tokenizer.encode_pair(text, pairs[i] if pairs is not None else None, max_seq_length)
+    for i, row in enumerate(tokenizer.encode_pairs(texts, pairs, max_seq_length)):
         k = len(row["input_ids"])
         input_ids[i, :k], token_type_ids[i, :k], lengths[i] = row["input_ids"], row["token_type_ids"], k
     return {"input_ids": input_ids, "token_type_ids": token_type_ids, "length": lengths}
