@@ -123,7 +123,7 @@ def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth
                "--set", f"data.inputs=[{stdlib_corpus}]", "--set", "tokenizer.vocab_size=300",
                "--set", "data.eval_fraction=0.1", "--set", "data.max_seq_length=64"]
     overrides = [f"run.output_dir={tmp_path / 'runs'}", "run.name=refused", f"tracking.tracking_uri={uri}",
-                 "tracking.experiment_name=auth-faults-training", f"data.output={prepared}",
+                 "tracking.experiment=auth-faults-training", f"data.output={prepared}",
                  "model.embedding_size=32", "model.hidden_size=64", "model.num_hidden_layers=2",
                  "model.num_attention_heads=2", "model.intermediate_size=128", "scaling.num_workers=1",
                  "train.precision=fp32", "train.max_steps=40", "train.warmup_steps=1", "train.batch_size=8",
