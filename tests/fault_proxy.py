@@ -58,6 +58,7 @@ class FaultProxy:
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._triggers: list[tuple[Callable[[str, str], bool], Callable[[], None], bool]] = []
+        self._forced: list[tuple[Callable[[str, str], bool], str]] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._closed = False
@@ -66,6 +67,12 @@ class FaultProxy:
     def refuse_for(self, seconds: float) -> None:
         with self._lock:
             self._refuse_until = time.monotonic() + seconds
+
+    def force(self, match: Callable[[str, str], bool], outcome: str) -> None:
+        """The next request for which `match(method, path)` is true gets `outcome` ("slowdown", "reset", "delayed",
+        "refused", "denied") whatever the share says."""
+        with self._lock:
+            self._forced.append((match, outcome))
 
     def after(self, match: Callable[[str, str], bool], action: Callable[[], None], any_status: bool = False) -> None:
         with self._lock:
@@ -100,7 +107,8 @@ class FaultProxy:
                 if head is None:
                     return
                 method, path = head[0].split(b" ")[:2]
-                request = Request(time.monotonic(), method.decode(), path.decode(), self._decide())
+                request = Request(time.monotonic(), method.decode(), path.decode(),
+                                  self._decide(method.decode(), path.decode()))
                 with self._lock:
                     self.requests.append(request)
                 if request.outcome == "reset":  # while the client is still sending its body
@@ -128,8 +136,12 @@ class FaultProxy:
             reader.close()
             client.close()
 
-    def _decide(self) -> str:
+    def _decide(self, method: str, path: str) -> str:
         with self._lock:
+            for forced in self._forced:
+                if forced[0](method, path):
+                    self._forced.remove(forced)
+                    return forced[1]
             if self.deny:
                 return "denied"
             if time.monotonic() < self._refuse_until:
