@@ -136,7 +136,8 @@ def retry_attempts(budget: float) -> int:
 def retrying_s3(fs):
     """`fs` (a pyarrow S3FileSystem) retrying each request through 503 SlowDown, connection resets and timeouts
     for `retry_budget()` seconds at least, with exponential backoff; an access refused (403) is not retried.
-    The S3 client's own default is three attempts (a second or so): one throttled minute would fail the run."""
+    The S3 client's own default gives up on a refusing store within seconds: one throttled minute would fail
+    the run."""
     return _retrying_s3(fs.__reduce__()[1][0], retry_attempts(retry_budget()))
 
 
