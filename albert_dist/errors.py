@@ -24,6 +24,10 @@ class DataError(AlbertDistError):
     """A corpus or dataset that cannot be read."""
 
 
+class StorageError(AlbertDistError, OSError):
+    """The object store refused a request, or kept failing it past the retries (an OSError, as pyarrow's own)."""
+
+
 class TrackingError(AlbertDistError):
     """The MLflow tracking store refused a request or did not answer."""
 

@@ -1,9 +1,10 @@
-"""Training metrics on their way to MLflow: batched, buffered while the server is unreachable, kept on disk.
+"""Training metrics on their way to MLflow: batched, buffered while the server is unreachable or refuses our
+credentials, kept on disk.
 
-Rank 0 of a training run logs through one `MetricsLogger`. A down tracking server must neither stop training nor
-lose a metric: what could not be sent stays pending and is retried at the next log step. The logger also writes
-its state (the last step handed to it and what is still pending) to a file in the run's storage, after every
-step it logs, so that
+Rank 0 of a training run logs through one `MetricsLogger`. A down tracking server, or one that turns us away
+(credentials expired, a permission removed), must neither stop training nor lose a metric: what could not be
+sent stays pending and is retried at the next log step. The logger also writes its state (the last step handed
+to it and what is still pending) to a file in the run's storage, after every step it logs, so that
 
 - a worker killed while the server is down loses nothing: the restarted worker's logger reads the pending
   metrics back and sends them when it can, and the driver sends what a worker left behind when training ends;
@@ -28,8 +29,10 @@ from albert_dist.storage import publish_text, read_bytes
 STATE_FILE = "tracked_metrics.json"
 
 #: MLflow error codes of a request that will never succeed however often it is retried
-REFUSED_FOR_GOOD = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "PERMISSION_DENIED", "UNAUTHENTICATED",
-                    "INVALID_STATE", "BAD_REQUEST"}
+REFUSED_FOR_GOOD = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "INVALID_STATE", "BAD_REQUEST"}
+#: MLflow error codes of a request the server turned away for its credentials (expired, a password changed, a
+#: permission removed): access can come back, so the metrics are kept as while the server is unreachable
+ACCESS_REFUSED = {"PERMISSION_DENIED", "UNAUTHENTICATED"}
 
 
 class MetricsLogger:
@@ -71,8 +74,8 @@ class MetricsLogger:
 
         The state is written ahead of sending: a worker killed after a batch reached the server but before the
         second save leaves that batch pending, and its successor sends it again with the same timestamps, which
-        MLflow's store keeps once. A batch the store refuses for good (a deleted run, a refused permission, an
-        invalid value) is reported and dropped: kept, it would block every later one."""
+        MLflow's store keeps once. A batch the store refuses for good (a deleted run, an invalid value) is reported and dropped: kept, it would block every later one. One the server turns away
+        for its credentials (401, 403) is kept like one it could not reach: the access may come back."""
         self._save_state()
         try:
             self._send()
@@ -80,13 +83,17 @@ class MetricsLogger:
             if not self._warned:
                 from albert_dist.redaction import redact_url
 
-                print(f"warning: MLflow unreachable ({type(err).__name__}: {redact_url(str(err))[:200]}); "
-                      f"buffering metrics and retrying at the next log step")
+                code = getattr(err, "error_code", None)
+                why = (f"refused our credentials ({code}" if code in ACCESS_REFUSED
+                       else f"unreachable ({type(err).__name__}")
+                kept = f" (saved in {self.state_file})" if self.state_file else ""
+                print(f"warning: MLflow {why}: {redact_url(str(err))[:200]}); buffering metrics{kept} and retrying "
+                      f"at the next log step")
                 self._warned = True
             del self.pending[:-self.max_buffer]
         else:
             if self._warned:
-                print("MLflow reachable again: buffered metrics flushed")
+                print("MLflow accepts our metrics again: buffered metrics flushed")
                 self._warned = False
         self._save_state()
         return not self.pending

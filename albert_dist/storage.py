@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -30,7 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from albert_dist.errors import AlbertDistError, CheckpointError, ConfigError, DataError, disk_full_errors
+from albert_dist.errors import (AlbertDistError, CheckpointError, ConfigError, DataError, StorageError,
+                                disk_full_errors)
 
 #: written last into a directory published to a URI (`publishing_dir`): its files and their sha256
 PUBLISHED = "published.json"
@@ -89,15 +91,102 @@ def uri_path(uri: str) -> str:
 
 
 def filesystem(location: str):
-    """The pyarrow filesystem and in-filesystem path of a local path or a URI (s3://, gs://, hdfs://, file://)."""
+    """The pyarrow filesystem and in-filesystem path of a local path or a URI (s3://, gs://, hdfs://, file://).
+    An S3 filesystem retries its requests through the store's transient faults (`retrying_s3`)."""
     import pyarrow.fs  # pyarrow loads in a second: only code that reads or writes pays for it
 
     if "://" in location:
         try:
-            return pyarrow.fs.FileSystem.from_uri(location)
+            fs, path = pyarrow.fs.FileSystem.from_uri(location)
         except Exception as err:  # noqa: BLE001 - pyarrow raises several types for bad or unsupported URIs
             raise DataError(f"cannot open {location}: {err}") from None
+        return (retrying_s3(fs) if fs.type_name == "s3" else fs), path
     return pyarrow.fs.LocalFileSystem(), str(Path(location).expanduser().resolve())
+
+
+#: the environment variable that sets how long (seconds) an object-store request is retried, at least
+RETRY_ENV = "ALBERT_DIST_STORAGE_RETRY_S"
+#: its default: a store throttling or refusing every request for a minute or more (a failover, a throttled
+#: prefix) is ridden out; a store gone for good fails the run within a few minutes
+DEFAULT_RETRY_S = 100.0
+_FIRST_DELAY_S = 0.025  # the AWS SDK's default strategy: 25 ms × (2^n − 2) of waits in all over n attempts
+
+
+def retry_budget() -> float:
+    """How long an object-store request is retried at least (`RETRY_ENV`, else `DEFAULT_RETRY_S`)."""
+    value = os.environ.get(RETRY_ENV, "")
+    try:
+        budget = float(value) if value else DEFAULT_RETRY_S
+    except ValueError:
+        raise ConfigError(f"{RETRY_ENV}={value!r}: seconds expected (a number)") from None
+    if not budget >= 0:
+        raise ConfigError(f"{RETRY_ENV}={value!r}: seconds expected (zero or more)")
+    return budget
+
+
+def retry_attempts(budget: float) -> int:
+    """The fewest attempts whose backoff (the AWS SDK's default strategy, doubling) waits `budget` seconds at
+    least in all; the waits then add up to less than twice `budget` (the last one is half of them)."""
+    attempts = 1
+    while _FIRST_DELAY_S * (2 ** attempts - 2) < budget:
+        attempts += 1
+    return attempts
+
+
+def retrying_s3(fs):
+    """`fs` (a pyarrow S3FileSystem) retrying each request through 503 SlowDown, connection resets and timeouts
+    for `retry_budget()` seconds at least, with exponential backoff; an access refused (403) is not retried.
+    The S3 client's own default gives up on a refusing store within seconds: one throttled minute would fail
+    the run."""
+    return _retrying_s3(fs.__reduce__()[1][0], retry_attempts(retry_budget()))
+
+
+def _retrying_s3(settings: dict, attempts: int):
+    """An S3 filesystem of pyarrow's `settings` retrying `attempts` times; also how a pickled one is rebuilt."""
+    import pyarrow.fs
+
+    fs = _retrying_s3_class()(**settings, retry_strategy=pyarrow.fs.AwsDefaultS3RetryStrategy(max_attempts=attempts))
+    fs.attempts = attempts
+    return fs
+
+
+@functools.cache
+def _retrying_s3_class():
+    import pyarrow.fs
+
+    class RetryingS3FileSystem(pyarrow.fs.S3FileSystem):
+        """Keeps its retry strategy when pickled (Ray Train's controller and workers, Ray Data's read tasks get
+        copies), which pyarrow's own pickling drops."""
+
+        def __reduce__(self):
+            return _retrying_s3, (super().__reduce__()[1][0], self.attempts)
+
+    return RetryingS3FileSystem
+
+
+def object_store_error(err: BaseException, location: str | Path) -> StorageError | None:
+    """The one line for an object-store request on `location` that failed for good (pyarrow's S3 error, after
+    `retrying_s3`'s retries or at once for a refused access); None for any other error."""
+    text = str(err)
+    if not isinstance(err, OSError) or isinstance(err, StorageError) or "AWS Error" not in text:
+        return None
+    if "ACCESS_DENIED" in text or "HTTP status 403" in text:
+        return StorageError(f"the object store refused access to {location}: {text} (check the credentials and "
+                            f"their permissions on the bucket)")
+    return StorageError(f"the object store failed a request on {location} after retrying for {retry_budget():.0f} "
+                        f"s at least ({RETRY_ENV}): {text}")
+
+
+@contextlib.contextmanager
+def object_store_errors(location: str | Path) -> Iterator[None]:
+    """Report an object-store request that failed for good as one `StorageError` naming `location`."""
+    try:
+        yield
+    except OSError as err:
+        error = object_store_error(err, location)
+        if error is None:
+            raise
+        raise error from err
 
 
 def sha256_file(path: str | Path) -> str:
@@ -120,7 +209,8 @@ def publish_file(path: str | Path, write: Callable[[Path], object], *,
     reported as one `error` naming `path`; on any failure `path` keeps what it held. A URI `path` gets the file
     written locally, then uploaded as one object (an object store replaces an object whole)."""
     if is_uri(path):
-        with disk_full_errors(str(path), error), tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp:
+        with (disk_full_errors(str(path), error), object_store_errors(path),
+              tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp):
             write(Path(tmp, "file"))
             fs, target = filesystem(str(path))
             if fs.type_name == "local":  # a file:// URI: its directory may not exist yet (object stores have none)
@@ -274,10 +364,11 @@ def read_bytes(location: str | Path) -> bytes:
     import pyarrow.fs as pafs
 
     fs, path = filesystem(str(location))
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        raise FileNotFoundError(str(location))
-    with fs.open_input_stream(path) as stream:
-        return stream.read()
+    with object_store_errors(location):
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            raise FileNotFoundError(str(location))
+        with fs.open_input_stream(path) as stream:
+            return stream.read()
 
 
 def upload_dir(stage: Path, location: str, *, last: str) -> None:
@@ -289,14 +380,15 @@ def upload_dir(stage: Path, location: str, *, last: str) -> None:
     import pyarrow.fs as pafs
 
     fs, path = filesystem(str(location))
-    if fs.get_file_info(f"{path}/{last}").type == pafs.FileType.File:
-        fs.delete_file(f"{path}/{last}")
-    fs.delete_dir_contents(path, missing_dir_ok=True)  # the old files (the new directory may have fewer)
-    for part in sorted(stage.iterdir(), key=lambda p: p.name == last):
-        if part.is_dir():
-            fs.create_dir(f"{path}/{part.name}")  # a local file:// target needs it; on S3 an empty marker
-        pafs.copy_files(str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=fs)
+    with object_store_errors(location):
+        if fs.get_file_info(f"{path}/{last}").type == pafs.FileType.File:
+            fs.delete_file(f"{path}/{last}")
+        fs.delete_dir_contents(path, missing_dir_ok=True)  # the old files (the new directory may have fewer)
+        for part in sorted(stage.iterdir(), key=lambda p: p.name == last):
+            if part.is_dir():
+                fs.create_dir(f"{path}/{part.name}")  # a local file:// target needs it; on S3 an empty marker
+            pafs.copy_files(str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=fs)
 
 
 def download_dir(location: str, *, complete: str) -> Path:
@@ -313,8 +405,9 @@ def download_dir(location: str, *, complete: str) -> Path:
     if (local / complete).is_file() and (local / complete).read_bytes() == marker:
         return local
     fs, path = filesystem(str(location))
-    publish_dir(local, lambda d: pafs.copy_files(path, str(d), source_filesystem=fs,
-                                                 destination_filesystem=pafs.LocalFileSystem()))
+    with object_store_errors(location):
+        publish_dir(local, lambda d: pafs.copy_files(path, str(d), source_filesystem=fs,
+                                                     destination_filesystem=pafs.LocalFileSystem()))
     return local
 
 

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from albert_dist.config import dump_yaml, flatten
 from albert_dist.storage import join_location
-from albert_dist.errors import TrackingError
+from albert_dist.errors import StorageError, TrackingError
 from albert_dist.redaction import redact, redact_url
 
 from albert_dist.storage import publish_text, read_bytes
@@ -190,10 +190,10 @@ def finish_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None
 @contextlib.contextmanager
 def tracking_errors(what: str) -> Iterator[None]:
     """An MLflow failure while doing `what` as one `TrackingError` line instead of a traceback from deep inside
-    MLflow's client."""
+    MLflow's client. The object store failing meanwhile (the run id is kept there) is said as itself."""
     try:
         yield
-    except TrackingError:
+    except (TrackingError, StorageError):
         raise
     except Exception as err:
         raise TrackingError(f"MLflow failed {what} ({type(err).__name__}: {redact_url(str(err))[:300]})") from err

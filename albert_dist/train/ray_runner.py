@@ -23,7 +23,7 @@ from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, Sc
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from albert_dist.config import ScalingSection, TrainSection
-from albert_dist.storage import is_uri, join_location
+from albert_dist.storage import filesystem, is_uri, join_location, object_store_error
 from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is_disk_full
 from albert_dist.ray_init import PREEMPTION_WATCHER
 from albert_dist.train import checkpointing
@@ -84,6 +84,8 @@ def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: 
         _check_relaunch(storage_dir, name, fingerprint, resume_changes, tracking)
     training_data_context()
     options = DataContext.get_current().execution_options
+    # in object storage, Ray Train stores checkpoints through the same retrying filesystem as everything else
+    storage_fs, storage_in_fs = filesystem(str(storage_path)) if is_uri(storage_path) else (None, str(storage_path))
     trainer = ray.train.torch.TorchTrainer(
         _train_worker,
         train_loop_config={"task": task, "train": train.model_dump(),
@@ -91,7 +93,7 @@ def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: 
                            "best_model_dir": str(best_model_dir) if best_model_dir else None,
                            "torch_threads": torch_threads(scaling), "fingerprint": fingerprint},
         scaling_config=scaling_config(scaling),
-        run_config=RunConfig(name=name, storage_path=str(storage_path),
+        run_config=RunConfig(name=name, storage_path=storage_in_fs, storage_filesystem=storage_fs,
                              checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
                              failure_config=FailureConfig(max_failures=train.max_failures,
                                                           controller_failure_limit=train.resource_wait_attempts),
@@ -125,15 +127,19 @@ def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: 
 
 def _user_error(failures, storage_dir: Path | str) -> Exception | None:
     """The one-line error of a failed training, when the failures of its workers or controller show one: a
-    worker's own `AlbertDistError` (a full disk while staging a checkpoint, bad data), or a full disk while Ray
-    Train stored a checkpoint into the run's storage. None: Ray's error says it best."""
+    worker's own `AlbertDistError` (a full disk while staging a checkpoint, bad data, the object store failing
+    the run's own writes), or a full disk or an object store failing while Ray Train stored a checkpoint into
+    the run's storage. None: Ray's error says it best."""
     for failure in failures:
         cause = getattr(failure, "cause", failure)  # a RayTaskError carries the worker's exception as its cause
         if isinstance(cause, AlbertDistError):
             return cause
+        kept = "the checkpoints stored before are kept: relaunch the same run.name to resume from them"
         if is_disk_full(cause):
-            return disk_full_error(f"a checkpoint into the run's storage {storage_dir} (the checkpoints stored "
-                                   f"before are kept: relaunch the same run.name to resume from them)")
+            return disk_full_error(f"a checkpoint into the run's storage {storage_dir} ({kept})")
+        stored = object_store_error(cause, storage_dir)
+        if stored is not None:
+            return type(stored)(f"{stored}; {kept}")
     return None
 
 
