@@ -3,6 +3,7 @@ Data and through the whole preparation (same instances, same counters, same erro
 
 from __future__ import annotations
 
+import gzip
 import json
 import warnings
 from collections import Counter
@@ -60,6 +61,16 @@ def test_cut_ranges_read_exactly_as_the_whole_file(tmp_path, data, fmt, range_by
         assert outcome(cut) == outcome(lambda: parse_file(str(path), data, fmt, "text"))
 
 
+def test_a_gzip_file_is_one_range_read_whole(tmp_path):
+    path = tmp_path / "c.txt.gz"
+    raw = b"Doc one.\n\nDoc two.\n\n" * 200
+    path.write_bytes(gzip.compress(raw))
+    (r,) = plan_ranges([str(path)], "auto", "text", 100)
+    assert (r.start, r.end) == (0, None)
+    documents, counts = read_range(r, "text")
+    assert len(documents) == 400 and documents[-1]["doc_key"] == f"{path}#399" and counts["bytes"] == len(raw)
+
+
 def documents_text(n_docs: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
@@ -67,7 +78,18 @@ def documents_text(n_docs: int, seed: int = 0) -> list[str]:
             for k in rng.integers(2, 9, n_docs)]
 
 
-def test_a_big_text_file_is_many_blocks_with_each_document_whole_once(ray_session, tmp_path):
+@pytest.fixture
+def ordered(ray_session):
+    """Ray Data keeps block order, as data preparation runs it."""
+    from ray.data import DataContext
+
+    options = DataContext.get_current().execution_options
+    saved, options.preserve_order = options.preserve_order, True
+    yield
+    options.preserve_order = saved
+
+
+def test_a_big_text_file_is_many_blocks_with_each_document_whole_once(ordered, tmp_path):
     docs = documents_text(120)
     long_doc = "A long one that straddles. " * 300  # 8 kB: over two cut sizes
     docs.insert(60, long_doc.strip())
@@ -82,7 +104,7 @@ def test_a_big_text_file_is_many_blocks_with_each_document_whole_once(ray_sessio
     assert [d["text"] for d in whole].count(long_doc.strip()) == 1
 
 
-def test_parquet_is_cut_into_row_spans(ray_session, tmp_path):
+def test_parquet_is_cut_into_row_spans(ordered, tmp_path):
     path = tmp_path / "rows.parquet"
     texts = documents_text(500, seed=1)
     texts[7] = None

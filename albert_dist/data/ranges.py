@@ -146,7 +146,7 @@ def read_range(r: FileRange, text_field: str) -> tuple[list[Document], Counter]:
     range only)."""
     fs, location = filesystem(r.path)
     if r.end is None:
-        with fs.open_input_stream(location) as f:
+        with fs.open_input_stream(location, compression=None) as f:  # parse_file decompresses (and checks) gzip
             return parse_file(r.path, f.read(), r.fmt, text_field)
     counts: Counter = Counter(files=int(r.start == 0), empty_files=int(r.start == 0 and bool(r.blank_file)))
     if r.fmt == "parquet":
