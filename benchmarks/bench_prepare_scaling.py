@@ -20,7 +20,10 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -67,6 +70,30 @@ def prepare(corpus: Path, tokenizer: Path, kind: str, segmenter: str | None, act
     return prepare_dataset(cfg, progress_bars=False, log=lambda _: None)
 
 
+def per_core(corpus: Path, tokenizer: Path, kind: str, segmenter: str | None) -> dict:
+    """The work one range's actor does (parse, split, tokenize, jieba, instances), in this process without Ray:
+    tokens per second of this process's CPU time (what one core gives when it is not shared) and of wall time."""
+    from albert_dist.data.instances import InstanceSpec
+    from albert_dist.data.process import DocumentProcessor, ProcessSettings
+    from albert_dist.data.readers import parse_file
+    from albert_dist.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    settings = ProcessSettings(spec=InstanceSpec(128, 0.1, tok.cls_id, tok.sep_id), word_segmenter=segmenter,
+                               language="zh" if kind == "wordpiece" else "en")
+    totals: Counter = Counter()
+    processor = DocumentProcessor(tok, settings, tally=totals.update)
+    cpu, wall = time.process_time(), time.perf_counter()
+    documents, _ = parse_file(str(corpus), corpus.read_bytes(), "auto", "text")
+    for i in range(0, len(documents), 64):
+        batch = documents[i:i + 64]
+        processor({"doc_key": np.array([d["doc_key"] for d in batch], object),
+                   "text": np.array([d["text"] for d in batch], object),
+                   "presplit": np.array([d["presplit"] for d in batch], bool)})
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return {"tokens": totals["tokens"], "cpu_s": cpu, "wall_s": wall}
+
+
 def measure(args, corpus: Path, tokenizer: Path, kind: str, segmenter: str | None, cpus: int,
             range_bytes: int | None, work: Path) -> dict:
     import ray
@@ -93,6 +120,8 @@ def main() -> None:
     parser.add_argument("--no-whole", action="store_true", help="skip the read-whole reference at the most CPUs")
     parser.add_argument("--address", help="attach to this Ray cluster instead of starting one per measurement")
     parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--per-core", action="store_true",
+                        help="only the per-core rate: one range's work in this process, CPU time (no Ray)")
     args = parser.parse_args()
 
     print(f"machine: {_cpu_model()}, {os.cpu_count()} CPUs")
@@ -106,6 +135,17 @@ def main() -> None:
                 tokenizers[name, kind] = corpus, train_tokenizer(kind, corpus, work / f"tok-{name}", args.vocab_size)
             corpus, tokenizer = tokenizers[name, kind]
             print(f"\n{arm}: {corpus.stat().st_size / 2**20:.1f} MB, one file")
+            if args.per_core:
+                load = os.getloadavg()[0]
+                r = per_core(corpus, tokenizer, kind, segmenter)
+                rate = r["tokens"] / r["cpu_s"]
+                print(f"  one process, no Ray: {r['tokens']:,} tokens in {r['cpu_s']:.1f} s of CPU "
+                      f"({r['wall_s']:.1f} s wall): {rate:,.0f} tokens per CPU-second "
+                      f"({r['tokens'] / r['wall_s']:,.0f}/s wall)  load average {load:.1f} → {os.getloadavg()[0]:.1f}")
+                hours = 30e9 * r["tokens"] / corpus.stat().st_size / (rate * 64) / 3600
+                print(f"  30 GB of this text ({r['tokens'] / corpus.stat().st_size:.2f} tokens/byte) on 64 cores "
+                      f"at this rate: {hours:.1f} h", flush=True)
+                continue
             rates = {}
             runs = [(c, None) for c in args.cpus] + ([] if args.no_whole else [(max(args.cpus), WHOLE)])
             for index, (cpus, range_bytes) in enumerate(runs):
@@ -122,10 +162,10 @@ def main() -> None:
             if (max(args.cpus), WHOLE) in rates and (max(args.cpus), None) in rates:
                 print(f"  cut vs read whole at {max(args.cpus)} CPUs: "
                       f"{rates[max(args.cpus), None] / rates[max(args.cpus), WHOLE]:.2f}x")
-            per_core = rates.get((1, None))
-            if per_core:
+            one_cpu = rates.get((1, None))
+            if one_cpu:
                 tokens_per_byte = r["tokens"] / corpus.stat().st_size
-                hours = 30e9 * tokens_per_byte / (per_core * 64) / 3600
+                hours = 30e9 * tokens_per_byte / (one_cpu * 64) / 3600
                 print(f"  30 GB of this text ({tokens_per_byte:.2f} tokens/byte) on 64 cores at the 1-CPU rate: "
                       f"{hours:.1f} h")
 
