@@ -210,6 +210,10 @@ class PreparationSection(Section):
                                                               "pieces of at most this many characters.")
     rows_per_shard: int = Field(50_000, gt=0)
     tokenizer_actors: int = Field(1, ge=1)
+    range_bytes: int | None = Field(
+        None, ge=1, description="Files are read in ranges of about this many bytes, cut where a document ends, so "
+                                "one big file is many tasks (a gzip file is one: it cannot be entered in the "
+                                "middle); default: about four ranges per CPU of the cluster, 256 KiB to 64 MiB.")
     word_segmenter: Literal["jieba"] | None = Field(
         None, description="jieba: whole-word masking of Chinese words (else each CJK character is a word).")
     user_dict: str | None = Field(None, description="A jieba user dictionary (one 'word [freq] [tag]' a line).")

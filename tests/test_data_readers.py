@@ -7,7 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from albert_dist.data.readers import file_format, parse_file, read_documents, resolve_inputs
+from albert_dist.data.ranges import plan_ranges, read_documents
+from albert_dist.data.readers import file_format, parse_file, resolve_inputs
 from albert_dist.errors import DataError
 
 
@@ -89,5 +90,5 @@ def test_resolve_inputs(tmp_path):
 def test_read_through_ray_counts_and_orders(ray_session, tmp_path):
     (tmp_path / "a.txt").write_bytes(b"A one. A two.\n\nA three.\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "B one."}) + "\n")
-    ds = read_documents(resolve_inputs([str(tmp_path)]), "auto", "text")
+    ds = read_documents(plan_ranges(resolve_inputs([str(tmp_path)]), "auto", "text", 2**20), "text")
     assert [r["text"] for r in ds.take_all()] == ["A one. A two.", "A three.", "B one."]

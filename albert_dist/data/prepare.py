@@ -28,7 +28,8 @@ from albert_dist.data.instances import InstanceSpec
 from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, DocumentProcessor, ProcessSettings,
                                       document_sentences, summarize_counts)
-from albert_dist.data.readers import read_documents, resolve_inputs
+from albert_dist.data.ranges import FileRange, auto_range_bytes, plan_ranges, read_documents
+from albert_dist.data.readers import resolve_inputs
 from albert_dist.storage import filesystem
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
 from albert_dist.storage import publishing_dir, sha256_file, upload_dir
@@ -37,6 +38,7 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: text reaches the tokenizer unnormalized (format 1 applied NFKC first)
 _DOCS_PER_BATCH = 64
 _READ_CPUS = 0.25  # reading is light; leave the CPUs to the tokenizer actors
+_ROW_GROUP_ROWS = 8192
 
 
 def output_location(cfg: DataJobConfig | PretrainJobConfig, output: str | None = None) -> str:
@@ -66,11 +68,12 @@ def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
     started = time.perf_counter()
     location = output_location(cfg)
     files = resolve_inputs(cfg.data.inputs)
-    log(f"data: {len(files)} input file(s) → {location}")
+    ranges = _ranges(cfg, files)
+    log(f"data: {len(files)} input file(s) in {len(ranges)} range(s) → {location}")
     with _staging(location) as stage, _execution_context(progress_bars):
-        tokenizer = _tokenizer(cfg, files, stage / "tokenizer", log)
+        tokenizer = _tokenizer(cfg, ranges, stage / "tokenizer", log)
         tally = Tally.create()
-        instances = _instances(cfg, files, tokenizer, tally, user_dict)
+        instances = _instances(cfg, ranges, tokenizer, tally, user_dict)
         splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static, log)
         counts = Counter(tally.total())
         counts.update(train_instances=splits["train"]["rows"], eval_instances=splits["eval"]["rows"],
@@ -121,7 +124,16 @@ class Tally:
         return ray.get(self._actor.total.remote())
 
 
-def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally, user_dict: str | None):
+def _ranges(cfg: DataJobConfig, files: list[str]) -> list[FileRange]:
+    """The files cut into ranges read by separate tasks (`data.range_bytes`, by default a few per cluster CPU)."""
+    import ray
+
+    d = cfg.data
+    range_bytes = d.range_bytes or auto_range_bytes(files, ray.cluster_resources().get("CPU", 1.0))
+    return plan_ranges(files, d.format, d.text_field, range_bytes, num_cpus=_READ_CPUS)
+
+
+def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Tally, user_dict: str | None):
     import ray
 
     d = cfg.data
@@ -131,7 +143,7 @@ def _instances(cfg: DataJobConfig, files: list[str], tokenizer, tally: Tally, us
         eval_fraction=d.eval_fraction, seed=d.seed, word_segmenter=d.word_segmenter,
         user_dict=user_dict)
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
-    documents = read_documents(files, d.format, d.text_field, tally, num_cpus=_READ_CPUS)
+    documents = read_documents(ranges, d.text_field, tally, num_cpus=_READ_CPUS)
     cpus = ray.cluster_resources().get("CPU", 1.0)
     # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
     # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
@@ -158,7 +170,7 @@ def _read_user_dict(path: str | None) -> str | None:
         raise DataError(f"cannot read data.user_dict {path}: {err}") from None
 
 
-def _tokenizer(cfg: DataJobConfig, files: list[str], out_dir: Path, log: Callable[[str], None]):
+def _tokenizer(cfg: DataJobConfig, ranges: list[FileRange], out_dir: Path, log: Callable[[str], None]):
     """The configured tokenizer, or one trained on the corpus's sentences; saved into `out_dir`."""
     from albert_dist.tokenizer import load_tokenizer, train_sentencepiece, train_wordpiece
 
@@ -170,7 +182,7 @@ def _tokenizer(cfg: DataJobConfig, files: list[str], out_dir: Path, log: Callabl
     else:
         with tempfile.TemporaryDirectory(prefix="albert-tok-") as tmp:
             sample = Path(tmp) / "sentences.txt"
-            lines = _write_sentence_sample(cfg, files, sample, limit=4 * t.input_sentence_size)
+            lines = _write_sentence_sample(cfg, ranges, sample, limit=4 * t.input_sentence_size)
             log(f"data: training a {t.vocab_size}-token {t.kind} tokenizer on {lines:,} sentences")
             if t.kind == "wordpiece":
                 train_wordpiece([sample], out_dir, t.vocab_size, input_sentence_size=t.input_sentence_size,
@@ -184,7 +196,7 @@ def _tokenizer(cfg: DataJobConfig, files: list[str], out_dir: Path, log: Callabl
     return tokenizer
 
 
-def _write_sentence_sample(cfg: DataJobConfig, files: list[str], path: Path, limit: int) -> int:
+def _write_sentence_sample(cfg: DataJobConfig, ranges: list[FileRange], path: Path, limit: int) -> int:
     """The corpus's first `limit` sentences, one per line (the trainer reservoir-samples from them)."""
     d = cfg.data
 
@@ -194,7 +206,7 @@ def _write_sentence_sample(cfg: DataJobConfig, files: list[str], path: Path, lim
             out.extend(document_sentences(str(text), bool(presplit), d.language, d.max_sentence_chars, Counter()))
         return {"sentence": out}
 
-    documents = read_documents(files, d.format, d.text_field, num_cpus=_READ_CPUS)
+    documents = read_documents(ranges, d.text_field, num_cpus=_READ_CPUS)
     written = 0
     with open(path, "w", encoding="utf-8") as f:
         for batch in documents.map_batches(sentences, batch_size=_DOCS_PER_BATCH).iter_batches(
@@ -208,7 +220,9 @@ def _write_sentence_sample(cfg: DataJobConfig, files: list[str], path: Path, lim
 
 
 class _ShardWriter:
-    """Parquet shards of `rows_per_shard` rows, `instance_id` numbered in arrival order."""
+    """Parquet shards of `rows_per_shard` rows, `instance_id` numbered in arrival order, in row groups of
+    `_ROW_GROUP_ROWS` rows whatever the sizes of the batches that arrive, so the shards' bytes do not depend on how
+    the corpus was cut into ranges."""
 
     def __init__(self, directory: Path, rows_per_shard: int, schema: pa.Schema):
         self.directory, self.rows_per_shard = directory, rows_per_shard
@@ -217,6 +231,7 @@ class _ShardWriter:
         self.rows = 0
         self._writer: pq.ParquetWriter | None = None
         self._in_shard = 0
+        self._pending: list[pa.Table] = []
         directory.mkdir(parents=True, exist_ok=True)
 
     def write(self, table: pa.Table) -> None:
@@ -228,7 +243,8 @@ class _ShardWriter:
             take = min(table.num_rows, self.rows_per_shard - self._in_shard)
             part = table.slice(0, take)
             ids = pa.array(range(self.rows, self.rows + take), pa.int64())
-            self._writer.write_table(pa.Table.from_arrays([ids, *part.columns], schema=self.schema))
+            self._pending.append(pa.Table.from_arrays([ids, *part.columns], schema=self.schema))
+            self._write_row_groups(whole_only=True)
             self.rows += take
             self._in_shard += take
             self.shards[-1]["rows"] += take
@@ -239,9 +255,18 @@ class _ShardWriter:
     def close(self) -> None:
         """Close the open shard and record its sha256 (pretraining verifies the shards against it)."""
         if self._writer is not None:
+            self._write_row_groups(whole_only=False)
             self._writer.close()
             self._writer, self._in_shard = None, 0
             self.shards[-1]["sha256"] = sha256_file(self.directory.parent / self.shards[-1]["path"])
+
+    def _write_row_groups(self, whole_only: bool) -> None:
+        pending = pa.concat_tables(self._pending).combine_chunks() if self._pending else None
+        while pending is not None and pending.num_rows and (pending.num_rows >= _ROW_GROUP_ROWS or not whole_only):
+            group = pending.slice(0, _ROW_GROUP_ROWS)
+            self._writer.write_table(group, row_group_size=group.num_rows)
+            pending = pending.slice(group.num_rows)
+        self._pending = [pending] if pending is not None and pending.num_rows else []
 
 
 def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool,

@@ -1,7 +1,8 @@
-"""Corpus files to documents: path expansion, decoding and the per-format parsers, run through Ray Data.
+"""Corpus files to documents: path expansion, decoding and the per-format parsers.
 
-Each file is read whole by `ray.data.read_binary_files` and parsed by one function, so undecodable bytes can be
-counted (they are replaced, never fatal) and a broken JSONL line is reported with its file and line number.
+A file, or a range of it (`ranges.py` cuts big files where documents end), is parsed by one function, so
+undecodable bytes can be counted (they are replaced, never fatal) and a broken JSONL line is reported with its file
+and line number.
 Damage that loses nothing (bad bytes, empty files, blank documents) is counted; input the job cannot interpret
 (invalid JSON, a missing field or column, a corrupt gzip or Parquet file) stops it with a `DataError`.
 """
@@ -86,41 +87,68 @@ def file_format(path: str, configured: str) -> str:
 
 
 def parse_file(path: str, data: bytes, fmt: str, text_field: str) -> tuple[list[Document], Counter]:
-    """Documents of one file and its counters (files, bytes, replaced_chars, empty_files, empty_documents)."""
+    """Documents of one whole file and its counters (files, bytes, replaced_chars, empty_files, empty_documents)."""
     counts: Counter = Counter(files=1)
     if path.lower().endswith(".gz"):
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as err:
             raise DataError(f"{path}: not a valid gzip file ({err})") from None
-    counts["bytes"] = len(data)
-    fmt = file_format(path, fmt)
-    if fmt == "parquet":
-        texts = _parquet_texts(path, data, text_field)
-        presplit = False
-    else:
-        text = data.decode("utf-8-sig", errors="replace")
-        # U+FFFD that was already in the file (encoded as EF BF BD) is not a decoding error.
-        counts["replaced_chars"] = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
-        texts = _TEXT_PARSERS[fmt](path, text, text_field)
-        presplit = fmt == "sentences"
     if not data.strip():
         counts["empty_files"] = 1
+    fmt = file_format(path, fmt)
+    if fmt == "parquet":
+        counts["bytes"] = len(data)
+        documents = make_documents(path, parquet_texts(path, io.BytesIO(data), text_field), False, 0, counts)
+        return documents, counts
+    documents, text_counts = parse_text(path, data, fmt, text_field)
+    counts.update(text_counts)
+    return documents, counts
+
+
+def parse_text(path: str, data: bytes, fmt: str, text_field: str, first_document: int = 0,
+               first_line: int = 0) -> tuple[list[Document], Counter]:
+    """Documents of a text file's bytes, whole or a range of whole lines (whole documents for blocks and
+    sentences) that has `first_document` documents and `first_line` lines of the file before it; only the file's
+    start (`first_line` 0) may hold a byte-order mark. Counters: bytes, replaced_chars, empty_documents."""
+    counts: Counter = Counter(bytes=len(data))
+    text = decode(data, first_line == 0)
+    # U+FFFD that was already in the file (encoded as EF BF BD) is not a decoding error.
+    counts["replaced_chars"] = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
+    texts = _TEXT_PARSERS[fmt](path, text, text_field, first_line)
+    return make_documents(path, texts, fmt == "sentences", first_document, counts), counts
+
+
+def decode(data: bytes, file_start: bool) -> str:
+    """UTF-8 with undecodable bytes replaced; a byte-order mark dropped at the file's start only."""
+    return data.decode("utf-8-sig" if file_start else "utf-8", errors="replace")
+
+
+def document_count(fmt: str, text: str) -> int:
+    """How many documents (kept or counted as empty) `parse_text` numbers in `text`, without parsing JSON."""
+    if fmt == "jsonl":
+        return sum(1 for line in text.splitlines() if line.strip())
+    return len(_TEXT_PARSERS[fmt]("", text, "", 0))
+
+
+def make_documents(path: str, texts: list[str | None], presplit: bool, first_document: int,
+                   counts: Counter) -> list[Document]:
+    """Documents keyed by their index in the file (the key seeds their instances and the eval split)."""
     documents = []
-    for index, text in enumerate(texts):
+    for index, text in enumerate(texts, start=first_document):
         if text is None or not text.strip():
             counts["empty_documents"] += 1
             continue
         documents.append({"doc_key": f"{path}#{index}", "text": text, "presplit": presplit})
-    return documents, counts
+    return documents
 
 
-def _sentences(path: str, text: str, _: str) -> list[str]:
+def _sentences(path: str, text: str, _: str, __: int) -> list[str]:
     """google-research format: one sentence per line, a blank line between documents."""
-    return ["\n".join(ln.strip() for ln in block.splitlines() if ln.strip()) for block in _blocks(path, text, _)]
+    return ["\n".join(ln.strip() for ln in block.splitlines() if ln.strip()) for block in _blocks(path, text, _, __)]
 
 
-def _blocks(path: str, text: str, _: str) -> list[str]:
+def _blocks(path: str, text: str, _: str, __: int) -> list[str]:
     documents, current = [], []
     for line in text.splitlines():
         if line.strip():
@@ -133,13 +161,13 @@ def _blocks(path: str, text: str, _: str) -> list[str]:
     return documents
 
 
-def _lines(path: str, text: str, _: str) -> list[str]:
+def _lines(path: str, text: str, _: str, __: int) -> list[str]:
     return text.splitlines()
 
 
-def _jsonl(path: str, text: str, text_field: str) -> list[str | None]:
+def _jsonl(path: str, text: str, text_field: str, first_line: int) -> list[str | None]:
     texts = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=first_line + 1):
         if not line.strip():
             continue
         try:
@@ -155,34 +183,32 @@ def _jsonl(path: str, text: str, text_field: str) -> list[str | None]:
     return texts
 
 
-_TEXT_PARSERS: dict[str, Callable[[str, str, str], list]] = {
+_TEXT_PARSERS: dict[str, Callable[[str, str, str, int], list]] = {
     "sentences": _sentences, "blocks": _blocks, "lines": _lines, "jsonl": _jsonl}
 
 
-def _parquet_texts(path: str, data: bytes, column: str) -> list[str | None]:
+def parquet_texts(path: str, source, column: str, rows: tuple[int, int] | None = None) -> list[str | None]:
+    """The `column` of a Parquet file (a path-less file object), or of its rows [start, end): only the row groups
+    that hold them are read."""
     import pyarrow.parquet as pq
 
     try:
-        file = pq.ParquetFile(io.BytesIO(data))
+        file = pq.ParquetFile(source)
     except Exception as err:  # noqa: BLE001 - pyarrow's ArrowInvalid and friends
         raise DataError(f"{path}: not a readable Parquet file ({err})") from None
     names = file.schema_arrow.names
     if column not in names:
         raise DataError(f"{path}: Parquet file has no column {column!r} (columns: {', '.join(names)}; "
                         f"set data.text_field)")
-    return file.read(columns=[column]).column(column).to_pylist()
-
-
-def read_documents(files: list[str], fmt: str, text_field: str,
-                   tally: Callable[[Counter], None] | None = None, num_cpus: float | None = None):
-    """A Ray Dataset of documents (`doc_key`, `text`, `presplit`), in file order when order is preserved."""
-    import ray.data
-
-    def parse(row: dict) -> list[Document]:
-        documents, counts = parse_file(row["path"], row["bytes"], fmt, text_field)
-        if tally is not None:
-            tally(counts)
-        return documents
-
-    return (ray.data.read_binary_files(files, include_paths=True, num_cpus=num_cpus)
-            .flat_map(parse, num_cpus=num_cpus))
+    if rows is None:
+        return file.read(columns=[column]).column(column).to_pylist()
+    start, end = rows
+    texts: list[str | None] = []
+    first = 0
+    for group in range(file.num_row_groups):
+        size = file.metadata.row_group(group).num_rows
+        if first < end and first + size > start:
+            values = file.read_row_group(group, columns=[column]).column(column)
+            texts.extend(values.slice(max(start - first, 0), min(end, first + size) - max(start, first)).to_pylist())
+        first += size
+    return texts
