@@ -209,7 +209,9 @@ class PreparationSection(Section):
     max_sentence_chars: int = Field(2000, ge=16, description="Longer sentences (runaway lines) are cut into "
                                                               "pieces of at most this many characters.")
     rows_per_shard: int = Field(50_000, gt=0)
-    tokenizer_actors: int = Field(1, ge=1)
+    tokenizer_actors: int | None = Field(None, ge=1, description="Actors that segment, tokenize and build "
+                                                                  "instances; default one per CPU of the cluster "
+                                                                  "left after reading.")
     range_bytes: int | None = Field(
         None, ge=1, description="Files are read in ranges of about this many bytes, cut where a document ends, so "
                                 "one big file is many tasks (a gzip file is one: it cannot be entered in the "

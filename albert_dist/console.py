@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,8 @@ def quiet_ray() -> Path | None:
     import ray
     from ray._private import worker
 
+    if not sys.stdout.isatty():  # a log file or a pipe: the workers' prefixes without colour codes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if verbose() or not ray.is_initialized():
         return None
     session = Path(worker._global_node.get_session_dir_path()) if worker._global_node else None

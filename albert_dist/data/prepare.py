@@ -145,6 +145,7 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(ranges, d.text_field, tally, num_cpus=_READ_CPUS)
     cpus = ray.cluster_resources().get("CPU", 1.0)
+    actors = d.tokenizer_actors or max(1, int(cpus - _READ_CPUS))
     # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
     # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
     # actor fails the preparation, which is published atomically and runs again whole. Ray Data 2.60 deprecates
@@ -154,8 +155,8 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
         return documents.map_batches(
             DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
                                                       "collator": collator, "tally": tally},
-            compute=ray.data.ActorPoolStrategy(size=d.tokenizer_actors), batch_size=_DOCS_PER_BATCH,
-            num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / d.tokenizer_actors)), max_restarts=0)
+            compute=ray.data.ActorPoolStrategy(size=actors), batch_size=_DOCS_PER_BATCH,
+            num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / actors)), max_restarts=0)
 
 
 def _read_user_dict(path: str | None) -> str | None:
