@@ -1,8 +1,8 @@
 import pytest
 
-from albert_dist.config import (DataJobConfig, PretrainJobConfig, apply_overrides, flatten, load_config,
-                                resolve_location, resolve_path)
+from albert_dist.config import DataJobConfig, PretrainJobConfig, apply_overrides, flatten, load_config
 from albert_dist.errors import ConfigError
+from albert_dist.storage import resolve_location, resolve_path
 
 
 def write(tmp_path, text):
@@ -110,7 +110,7 @@ def test_keys_a_job_does_not_read_are_unknown_with_a_hint(job, key, hint):
 
     name = key.partition("=")[0]
     with pytest.raises(ConfigError) as err:
-        load_config(JOBS[job].load_config_class(), None, [key])
+        load_config(JOBS[job].load().config_class, None, [key])
     assert f"{name}: unknown key" + (" (" if hint else "") in str(err.value)
     assert hint is None or hint in str(err.value)
 

@@ -97,16 +97,16 @@ def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_mo
         if saved.reports and not (small_disk / "ballast").exists():
             fill(small_disk)
 
-    env = WorkerEnv(report=saved, best_model_dir=small_disk / "best", log_metrics=fill_after_first_checkpoint,
+    env = WorkerEnv(report=saved, publish_to=small_disk, log_metrics=fill_after_first_checkpoint,
                     print_fn=lambda line: None)
     trainer = Trainer(KeywordTask(), settings(max_steps=8, log_every=2, eval_every=4, checkpoint_every=4), env)
     with pytest.raises(AlbertDistError, match=f"no space left on device while writing .*{small_disk}"):
         trainer.fit()
     assert [r["step"] for r in saved.reports] == [4]
     checkpointing.load_training_state(saved.root / "step4")  # verified and loadable
-    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "best", "tmp"]
+    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "model", "tmp"]
     assert not list((small_disk / "tmp").glob("albert-ckpt-*")), "a half-written checkpoint was left behind"
-    assert_same_weights(small_disk / "best", load_file(saved.root / "step4" / "model" / "model.safetensors"))
+    assert_same_weights(small_disk / "model", load_file(saved.root / "step4" / "model" / "model.safetensors"))
 
 
 def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_dataset(small_disk, tmp_path,

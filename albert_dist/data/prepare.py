@@ -31,6 +31,7 @@ from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, Docum
 from albert_dist.data.readers import read_documents, resolve_inputs
 from albert_dist.storage import filesystem
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
+from albert_dist.job_registry import Command
 from albert_dist.storage import publishing_dir, sha256_file, upload_dir
 
 MANIFEST = "manifest.json"
@@ -362,3 +363,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     if counters:
         lines.append("data: " + ", ".join(counters))
     return "\n".join(lines)
+
+
+PREPARE_DATA = Command(DataJobConfig, run_prepare)
