@@ -50,14 +50,19 @@ def tracer(sink: list[str], stop_on_step: list[bool] | None = None):
     return profile
 
 
-def worker_hook(out_dir: str):
-    """The setup hook of every Ray worker process: trace into `out_dir/<pid>.json`, written at the first
-    optimizer step and when the training function returns."""
+def worker_hook(out_dir: str, original: str | None):
+    """The setup hook of every Ray worker process: the local Ray's own (`original`, "module.function"), then
+    trace into `out_dir/<pid>.json`, written at the first optimizer step and when the training function returns."""
 
     def hook() -> None:
+        import importlib
         import os
         import sys
         import threading
+
+        if original:
+            module, _, function = original.rpartition(".")
+            getattr(importlib.import_module(module), function)()
 
         sink: list[str] = []
         stepped: list[bool] = []
@@ -102,7 +107,18 @@ def main() -> int:
     corpus = write_stdlib_corpus(root / "corpus.txt", 60_000)
     trace_dir = root / "worker-trace"
     trace_dir.mkdir()
-    start_local_ray(configure_logging=False, runtime_env={"worker_process_setup_hook": worker_hook(str(trace_dir))})
+    import ray
+
+    real_init = ray.init
+
+    def init(*args, runtime_env=None, **kwargs):  # the local Ray's workers run its setup hook, then the tracer
+        runtime_env = dict(runtime_env or {})
+        runtime_env["worker_process_setup_hook"] = worker_hook(str(trace_dir),
+                                                               runtime_env.get("worker_process_setup_hook"))
+        return real_init(*args, runtime_env=runtime_env, **kwargs)
+
+    ray.init = init
+    start_local_ray(configure_logging=False)
     common = [f"run.output_dir={root}"]
     if cli.main(["data", "prepare", "--set", f"data.inputs=[{corpus}]", "--set", "data.max_seq_length=64",
                  "--set", "tokenizer.vocab_size=500", *sum((["--set", s] for s in common), [])]) != 0:
