@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from albert_dist.config import DataJobConfig, Section, load_config
 from albert_dist.errors import ConfigError
+from albert_dist.tune.space import with_values
 from finetune_helpers import pair_rows, tiny_model_dir, write_csv
 
 TRACKING = {"tracking.tracking_uri": "where the MLflow run is recorded (tracking.job_run), not what it does",
@@ -69,17 +70,6 @@ def other_value(field, value: Any) -> Any:
     if isinstance(value, float):
         return value / 2 if value else 0.1
     return None
-
-
-def with_values(cfg: BaseModel, values: dict[str, Any]) -> BaseModel:
-    raw = cfg.model_dump()
-    for key, value in values.items():
-        *sections, name = key.split(".")
-        node = raw
-        for section in sections:
-            node = node[section]
-        node[name] = value
-    return type(cfg).model_validate(raw)
 
 
 def keys_without_effect(plan, cfg: BaseModel, alternatives: dict[str, Any], output_only: dict[str, str]
@@ -212,7 +202,7 @@ def test_every_distillation_key_changes_the_plan(inputs):
                     "student.init_from_teacher": False}
     assert keys_without_effect(DISTILL.plan, cfg, alternatives, {**OUTPUT_ONLY["distill"], **REFUSED["distill"]}) == []
     with pytest.raises(ConfigError, match="data: labels: distillation learns the teacher's labels"):
-        load_config(DistillJobConfig, None, [f"distill.teacher={inputs / 'model'}", "data.labels=[no, yes]"])
+        load_config(DistillJobConfig, None, [f"distill.teacher={inputs / 'model'}", "data.labels=[neg, pos]"])
 
 
 def test_a_key_the_plan_ignores_is_reported(inputs):
