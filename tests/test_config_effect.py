@@ -99,19 +99,15 @@ def keys_without_effect(plan, cfg: BaseModel, alternatives: dict[str, Any], outp
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, stdlib_corpus, ray_session):
-    """Prepared data (and a copy), two tiny models on its tokenizer, task files with two texts, two label columns
-    and a numeric score."""
-    from albert_dist.data.prepare import prepare_dataset
+def inputs(tmp_path_factory, stdlib_corpus):
+    """A tokenizer, two tiny models on it (and each as a teacher of the labels no and yes), task files with two
+    texts, two label columns and a numeric score."""
+    from albert_dist.tokenizer import train_sentencepiece
 
     root = tmp_path_factory.mktemp("effect")
     corpus = root / "corpus.txt"
     corpus.write_text(stdlib_corpus.read_text()[:60_000])
-    prepare_dataset(load_config(DataJobConfig, None, [
-        f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=blocks", "data.output=prepared",
-        "data.max_seq_length=64", "data.eval_fraction=0.1", "tokenizer.vocab_size=300"]))
-    shutil.copytree(root / "prepared", root / "prepared_copy")
-    tokenizer = root / "prepared" / "tokenizer"
+    tokenizer = train_sentencepiece([corpus], root / "tokenizer", 300, progress=lambda _: None).parent
     tiny_model_dir(root / "model", tokenizer)
     tiny_model_dir(root / "other_model", tokenizer, hidden_size=32, num_attention_heads=2)
     for name in ("model", "other_model"):
@@ -123,6 +119,19 @@ def inputs(tmp_path_factory, stdlib_corpus, ray_session):
     write_csv(root / "dev.csv", rows[:40])
     write_csv(root / "test.csv", rows[40:80])
     return root
+
+
+@pytest.fixture(scope="module")
+def prepared(inputs, ray_session):
+    """The corpus prepared for pretraining with Ray Data (and a copy), a model on its tokenizer."""
+    from albert_dist.data.prepare import prepare_dataset
+
+    prepare_dataset(load_config(DataJobConfig, None, [
+        f"run.output_dir={inputs}", f"data.inputs=[{inputs / 'corpus.txt'}]", "data.format=blocks",
+        "data.output=prepared", "data.max_seq_length=64", "data.eval_fraction=0.1",
+        f"tokenizer.path={inputs / 'tokenizer'}"]))
+    shutil.copytree(inputs / "prepared", inputs / "prepared_copy")
+    return inputs
 
 
 def teacher(model_dir: Path, directory: Path) -> Path:
@@ -140,18 +149,18 @@ def common(root: Path) -> dict[str, Any]:
     return {"run.output_dir": str(root / "elsewhere"), "run.name": "other", "train.peak_tflops": 10.0}
 
 
-def test_every_pretraining_key_changes_the_plan(inputs):
+def test_every_pretraining_key_changes_the_plan(prepared):
     from albert_dist.config import PretrainJobConfig
     from albert_dist.pretrain import PRETRAIN
 
     cfg = load_config(PretrainJobConfig, None, [
-        f"run.output_dir={inputs}", "data.output=prepared", "model.embedding_size=16", "model.hidden_size=32",
+        f"run.output_dir={prepared}", "data.output=prepared", "model.embedding_size=16", "model.hidden_size=32",
         "model.num_attention_heads=2", "model.intermediate_size=64", "train.max_steps=10", "train.warmup_steps=2"])
     shape = {f"model.{k}": None for k in ("embedding_size", "hidden_size", "num_attention_heads", "intermediate_size")}
     alternatives = {
-        **common(inputs),
-        "run.output_dir": Together({"run.output_dir": str(inputs / "elsewhere"), "data.output": str(inputs / "prepared")}),
-        "model.preset": "base", "model.init_from": Together({"model.init_from": str(inputs / "model"), **shape}),
+        **common(prepared),
+        "run.output_dir": Together({"run.output_dir": str(prepared / "elsewhere"), "data.output": str(prepared / "prepared")}),
+        "model.preset": "base", "model.init_from": Together({"model.init_from": str(prepared / "model"), **shape}),
         "model.num_hidden_layers": 2, "model.num_hidden_groups": 2, "model.inner_group_num": 2,
         "model.hidden_act": "relu", "model.max_position_embeddings": 256, "model.hidden_dropout_prob": 0.05,
         "model.attention_probs_dropout_prob": 0.05, "model.classifier_dropout_prob": 0.05,
