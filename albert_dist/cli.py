@@ -33,8 +33,8 @@ def _config_command(job: Job) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         from albert_dist.config import load_config
 
-        declaration = job.load()
-        return declaration.main(load_config(declaration.config_class, args.config, args.overrides)) or 0
+        cfg = load_config(job.config_class(), args.config, args.overrides)
+        return job.load().main(cfg) or 0
 
     return handler
 

@@ -28,10 +28,9 @@ def main(name: str, argv: list[str] | None = None) -> int:
     _add_config_flags(parser)
     args = parser.parse_args(argv)
     try:
-        declaration = job.load()
-        cfg = load_config(declaration.config_class, args.config, args.overrides)
+        cfg = load_config(job.config_class(), args.config, args.overrides)
         check_output_root(cfg)
-        return declaration.main(cfg) or 0
+        return job.load().main(cfg) or 0
     except AlbertDistError as err:
         print(f"{' '.join(job.entry)}: error: {err}", file=sys.stderr)
         return 2

@@ -112,7 +112,7 @@ def test_keys_a_job_does_not_read_are_unknown_with_a_hint(job, key, hint):
 
     name = key.partition("=")[0]
     with pytest.raises(ConfigError) as err:
-        load_config(JOBS[job].load().config_class, None, [key])
+        load_config(JOBS[job].config_class(), None, [key])
     assert f"{name}: unknown key" + (" (" if hint else "") in str(err.value)
     assert hint is None or hint in str(err.value)
 

@@ -81,7 +81,7 @@ def test_every_registered_job_has_its_entry_module_cli_command_and_submit_entryp
     args = build_parser().parse_args([*job.command, *(f"--set={item}" for item in overrides)])
     called = {}
     declaration = job.load()
-    assert callable(declaration.main)
+    assert callable(declaration.main) and declaration.config_class is job.config_class()
     with pytest.MonkeyPatch.context() as patch:  # the job itself is not run
         patch.setattr(Job, "load", lambda self: Command(declaration.config_class,
                                                         lambda cfg: called.update(job=self, cfg=cfg) or 0))
