@@ -161,6 +161,7 @@ def test_every_pretraining_key_changes_the_plan(prepared):
         **common(prepared),
         "run.output_dir": Together({"run.output_dir": str(prepared / "elsewhere"), "data.output": str(prepared / "prepared")}),
         "model.preset": "base", "model.init_from": Together({"model.init_from": str(prepared / "model"), **shape}),
+        "model.hidden_size": 48, "model.num_attention_heads": 4,  # the heads divide the width
         "model.num_hidden_layers": 2, "model.num_hidden_groups": 2, "model.inner_group_num": 2,
         "model.hidden_act": "relu", "model.max_position_embeddings": 256, "model.hidden_dropout_prob": 0.05,
         "model.attention_probs_dropout_prob": 0.05, "model.classifier_dropout_prob": 0.05,
