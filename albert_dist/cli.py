@@ -28,13 +28,13 @@ def _add_verbose_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _config_command(job: Job) -> Callable[[argparse.Namespace], int]:
-    """A handler that loads the job's config from --config/--set and passes it to the job's runner."""
+    """A handler that loads the job's config from --config/--set and runs the job."""
 
     def handler(args: argparse.Namespace) -> int:
         from albert_dist.config import load_config
 
-        cfg = load_config(job.load_config_class(), args.config, args.overrides)
-        return job.load_runner()(cfg) or 0
+        cfg = load_config(job.config_class(), args.config, args.overrides)
+        return job.load().main(cfg) or 0
 
     return handler
 

@@ -52,15 +52,13 @@ class OutputSection(Section):
 
 
 class RunSection(OutputSection):
-    """A training run: its name (its directory under output_dir) and seed."""
+    """A named run (its directory under output_dir) and its seed: a sweep's, the demo's."""
+
+    key_hints = {"resume_changes": "a training job's key: a sweep resumes its trials as they were launched, and the "
+                                   "demo starts afresh"}
 
     name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
     seed: int = 0
-    resume_changes: Literal["refuse", "allow"] = Field(
-        "refuse", description="When checkpoints of run.name were trained with other settings or data: refuse (stop, "
-                              "naming the changes) or allow (resume them under the new settings and record the "
-                              "changes in MLflow). Output, logging, checkpoint and placement settings may always "
-                              "change.")
 
     @field_validator("name")
     @classmethod
@@ -86,11 +84,18 @@ class RunSection(OutputSection):
         return self.run_dir.joinpath(*parts)
 
 
-class StoredRunSection(RunSection):
-    """The `run:` of pretraining and fine-tuning, whose run directory may be a URI (`s3://bucket/prefix`): Ray
-    Train stores the checkpoints there, the workers their metrics state, the jobs their models and MLflow run id."""
+class TrainingRunSection(RunSection):
+    """The `run:` of a training job, whose relaunch resumes its checkpoints. Its run directory may be a URI
+    (`s3://bucket/prefix`): Ray Train stores the checkpoints there, the workers their metrics state, the jobs their
+    models and MLflow run id (distillation refuses one: `DistillJobConfig`)."""
 
     uri_output = True
+
+    resume_changes: Literal["refuse", "allow"] = Field(
+        "refuse", description="When checkpoints of run.name were trained with other settings or data: refuse (stop, "
+                              "naming the changes) or allow (resume them under the new settings and record the "
+                              "changes in MLflow). Output, logging, checkpoint and placement settings may always "
+                              "change.")
 
 
 class PretrainedModelSection(Section):
@@ -321,6 +326,9 @@ class TrainBase(Section):
                                                    "are slower.")
     peak_tflops: float | None = Field(None, gt=0, description="The device's dense peak for this precision, "
                                                                  "to report model FLOPs utilisation (mfu).")
+    publish: Literal["best", "last"] = Field(
+        "best", description="The model published as <run>/model: the best evaluation's, or the last step's (the "
+                            "best evaluation's then kept in <run>/best_model too).")
 
 
 class TrainSection(TrainBase):
@@ -354,6 +362,9 @@ class PretrainingTrainSection(TrainSection):
 
     eval_batches: int = Field(20, gt=0, description="Evaluation reads this many batches of batch_size held-out "
                                                     "sequences (in all, not per worker).")
+    publish: Literal["best", "last"] = Field(
+        "last", description="The model published as <run>/model: the last step's (the best evaluation's kept in "
+                            "<run>/best_model too), or the best evaluation's.")
     plateau_warning_after: float | None = Field(
         0.25, ge=0, le=1, description="Share of max_steps after which an evaluation whose held-out MLM accuracy is "
                                       "still within a point of the unigram baseline prints a warning, once; null "
@@ -460,7 +471,7 @@ class DataJobConfig(Section):
 class TrainingJobConfig(Section):
     """The sections of every job that trains on Ray Train, tracked in MLflow."""
 
-    run: RunSection = Field(default_factory=RunSection)
+    run: TrainingRunSection = Field(default_factory=TrainingRunSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
 
@@ -468,7 +479,6 @@ class TrainingJobConfig(Section):
 class PretrainJobConfig(TrainingJobConfig):
     """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
 
-    run: StoredRunSection = Field(default_factory=StoredRunSection)
     model: ModelSection = Field(default_factory=ModelSection)
     data: PretrainDataSection = Field(default_factory=PretrainDataSection)
     masking: MaskingSection = Field(default_factory=MaskingSection)

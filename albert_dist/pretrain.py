@@ -1,27 +1,25 @@
 """`albert-dist pretrain`: MLM + SOP pretraining of ALBERT on Ray Train, tracked in MLflow.
 
-The driver validates the prepared data and the model config, opens (or reopens) the MLflow run, runs the shared
-training loop on Ray Train workers (their task: albert_dist/pretrain_task.py) and publishes the final model in the
-transformers layout. With a URI `run.output_dir`, checkpoints, the best and final models and the MLflow run id are
-stored there (`RunSection.locate`), the lock and a copy of the final model in the run's local staging directory
-(`RunSection.run_dir`).
+The job's declaration (`PRETRAIN`, run by `training_job.run_job`): its plan validates the prepared data and the
+model config and builds the workers' task (albert_dist/pretrain_task.py); the last step's model is published
+(`train.publish: last`, the best evaluation's in `best_model/`). With a URI `run.output_dir`, checkpoints, the
+models and the MLflow run id are stored there (`TrainingRunSection.locate`), the lock and a copy of the final model in the
+run's local staging directory (`TrainingRunSection.run_dir`).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from albert_dist import mlflow_models, run_lock, tracking
-from albert_dist.config import PretrainJobConfig, flatten
+from albert_dist import mlflow_models, tracking
+from albert_dist.config import PretrainJobConfig
 from albert_dist.errors import ConfigError
-from albert_dist.storage import publish_dir
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 from albert_dist.pretrain_task import PhaseSpec, PretrainingSpec
-from albert_dist.train import checkpointing
+from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
 
 VERIFIED_SHARDS = "verified_shards.json"  # in the run dir: the shards checked against the manifest, and when
 
@@ -77,15 +75,6 @@ def data_digest(prepared, phases: list[Phase]) -> str:
     return hashlib.sha256(" ".join([prepared.digest(), *(p.prepared.digest() for p in phases)]).encode()).hexdigest()
 
 
-@dataclass
-class PretrainOutcome:
-    model_dir: Path | str  # a URI when run.output_dir is one
-    best_model_dir: Path | str
-    tracking_uri: str
-    run_id: str
-    metrics: dict[str, Any]
-
-
 def prepared_dir(cfg: PretrainJobConfig) -> str:
     """The prepared data's local path or URI (`data.output` under `run.output_dir`)."""
     from albert_dist.data.prepare import output_location
@@ -93,53 +82,37 @@ def prepared_dir(cfg: PretrainJobConfig) -> str:
     return output_location(cfg)
 
 
-@run_lock.one_driver_per_run
-def pretrain(cfg: PretrainJobConfig) -> PretrainOutcome:
+def plan(cfg: PretrainJobConfig) -> Plan:
+    """Open and verify the prepared data (and the phases'), size the model to it: the run's plan."""
     from albert_dist.data.loading import load_prepared
-    from albert_dist.ray_init import ensure_ray
-    from albert_dist.train.ray_runner import training_data_context, run_training
 
-    ensure_ray()
-    training_data_context()
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
     manifest = prepared.manifest
     model_config = pretraining_model_config(cfg, manifest)
     phases = open_phases(cfg, prepared, model_config)
     every_data = list({id(p): p for p in [prepared, *(phase.prepared for phase in phases)]}.values())
-    run_dir = cfg.run.run_dir
     for data in every_data:
-        data.verify_shards(record=run_dir / VERIFIED_SHARDS)
+        data.verify_shards(record=cfg.run.run_dir / VERIFIED_SHARDS)
     n_params = AlbertForPreTraining(model_config).num_parameters()
     in_memory = all(data.fits_in_memory(cfg.data.cache) for data in every_data)
-    with tracking.job_run(cfg, "pretrain", extra_params={
-            "model.num_parameters": n_params, "world_size": cfg.scaling.num_workers,
-            "data.prepared_dir": str(data_dir), "data.in_memory": in_memory}) as run:
+
+    def stage(run) -> None:
         run.log_text(json.dumps(manifest, indent=2, ensure_ascii=False), "data/manifest.json")
         run.log_datasets([tracking.prepared_data_input(data_dir, manifest)])
-        print(f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
-              f"worker(s), {cfg.train.precision}; MLflow run {run.run_id}")
-        print(f"data: {prepared.rows('train')} training instances, " + (
-            "read once into Ray's object store" if in_memory else "streamed from Parquet every epoch") +
-            f" (data.cache={cfg.data.cache})")
-        for number, phase in enumerate(phases, 1):
-            print(f"phase {number}/{len(phases)}: {phase.describe()}")
-        best_dir = cfg.run.locate("best_model")
-        result = run_training(name=cfg.run.name, storage_path=cfg.run.locate("ray"),
-                              task=pretraining_spec(cfg, prepared, data_dir, model_config, phases),
-                              train=cfg.train.loop_settings(), scaling=cfg.scaling, seed=cfg.run.seed,
-                              datasets=prepared.for_training(in_memory, [phase.prepared for phase in phases]),
-                              tracking=(run.uri, run.run_id), best_model_dir=best_dir,
-                              fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest(prepared, phases)),
-                              resume_changes=cfg.run.resume_changes)
-        local_model = run_dir / "model"
-        publish_dir(local_model, lambda d: shutil.copytree(result.checkpoint_dir / "model", d, dirs_exist_ok=True))
-        model_dir = cfg.run.locate("model")
-        if model_dir != local_model:  # uploaded from the local copy, which MLflow logs
-            publish_dir(model_dir, lambda d: shutil.copytree(local_model, d, dirs_exist_ok=True))
-        run.published(local_model, str(model_dir))
-        run.log_model(mlflow_models.EncoderModel(), step=int(result.metrics["step"]))
-    return PretrainOutcome(model_dir, best_dir, run.uri, run.run_id, result.metrics)
+
+    return base_plan(
+        cfg, task=pretraining_spec(cfg, prepared, data_dir, model_config, phases), train=cfg.train.loop_settings(),
+        data_digest=data_digest(prepared, phases), stage=stage, inputs={"in_memory": in_memory},
+        datasets=lambda: prepared.for_training(in_memory, [phase.prepared for phase in phases]),
+        params={"model.num_parameters": n_params, "world_size": cfg.scaling.num_workers,
+                "data.prepared_dir": str(data_dir), "data.in_memory": in_memory},
+        banner=[f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
+                f"worker(s), {cfg.train.precision}",
+                f"data: {prepared.rows('train')} training instances, " + (
+                    "read once into Ray's object store" if in_memory else "streamed from Parquet every epoch") +
+                f" (data.cache={cfg.data.cache})",
+                *(f"phase {number}/{len(phases)}: {phase.describe()}" for number, phase in enumerate(phases, 1))])
 
 
 def pretraining_spec(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_config: AlbertConfig | None = None,
@@ -201,14 +174,20 @@ def lr_range_test(cfg: PretrainJobConfig):
     return result
 
 
-def run_pretrain(cfg: PretrainJobConfig) -> int:
+def _range_test_instead(cfg: PretrainJobConfig) -> int | None:
     if cfg.train.lr_range_test:
         lr_range_test(cfg)
         return 0
-    outcome = pretrain(cfg)
+    return None
+
+
+def _summary(cfg: PretrainJobConfig, outcome: JobOutcome) -> list[str]:
     m = outcome.metrics
-    print(f"done: step {m.get('step')}, mlm_accuracy {m.get('mlm_accuracy', float('nan')):.3f}, "
-          f"sop_accuracy {m.get('sop_accuracy', float('nan')):.3f}")
-    print(f"model: {outcome.model_dir}\nbest model: {outcome.best_model_dir}")
-    print(tracking.where_to_find(outcome.tracking_uri, outcome.run_id))
-    return 0
+    return [f"done: step {m.get('step')}, mlm_accuracy {m.get('mlm_accuracy', float('nan')):.3f}, "
+            f"sop_accuracy {m.get('sop_accuracy', float('nan')):.3f}",
+            f"model: {outcome.model_dir}\nbest model: {outcome.best_model_dir}"]
+
+
+PRETRAIN = TrainingJob("pretrain", PretrainJobConfig, plan, lambda cfg: mlflow_models.EncoderModel(), _summary,
+                       instead=_range_test_instead)
+pretrain = PRETRAIN.run

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Iterator
 
 from albert_dist.errors import AlbertDistError
 
 LOCK_FILE = "driver.lock"
-Job = TypeVar("Job", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager
@@ -42,13 +40,3 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     finally:
         os.close(fd)  # releases the lock
 
-
-def one_driver_per_run(job: Job) -> Job:
-    """Decorator for a job driver `job(cfg, ...)`: it runs holding the lock of `cfg.run.run_dir`."""
-
-    @functools.wraps(job)
-    def locked(cfg, *args: Any, **kwargs: Any) -> Any:
-        with run_lock(cfg.run.run_dir):
-            return job(cfg, *args, **kwargs)
-
-    return locked  # type: ignore[return-value]

@@ -22,15 +22,15 @@ _RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 def main(name: str, argv: list[str] | None = None) -> int:
-    """Parse `--config/--set`, validate into the registered job's config class and call its runner."""
+    """Parse `--config/--set`, validate into the registered job's config class and run the job."""
     job = job_registry.get(name)
     parser = argparse.ArgumentParser(prog=f"python -m {' '.join(job.entry)}", description=job.help)
     _add_config_flags(parser)
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(job.load_config_class(), args.config, args.overrides)
+        cfg = load_config(job.config_class(), args.config, args.overrides)
         check_output_root(cfg)
-        return job.load_runner()(cfg) or 0
+        return job.load().main(cfg) or 0
     except AlbertDistError as err:
         print(f"{' '.join(job.entry)}: error: {err}", file=sys.stderr)
         return 2

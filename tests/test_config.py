@@ -1,8 +1,8 @@
 import pytest
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, apply_overrides, flatten, load_config
-from albert_dist.storage import resolve_location, resolve_path
 from albert_dist.errors import ConfigError
+from albert_dist.storage import resolve_location, resolve_path
 
 
 def write(tmp_path, text):
@@ -103,6 +103,8 @@ def test_override_keeps_the_job_s_own_section_defaults():
     ("prepare_data", "run.seed=1", "data.seed"),
     ("demo", "data.inputs=[a.txt]", None),
     ("demo", "train.lr_range_test=true", "albert-dist pretrain's"),
+    ("demo", "run.resume_changes=allow", "the demo starts afresh"),
+    ("tune-finetune", "run.resume_changes=allow", "a sweep resumes its trials as they were launched"),
 ])
 def test_keys_a_job_does_not_read_are_unknown_with_a_hint(job, key, hint):
     """A key another job reads is refused by a job that would ignore it, and the message says where it belongs."""
@@ -110,7 +112,7 @@ def test_keys_a_job_does_not_read_are_unknown_with_a_hint(job, key, hint):
 
     name = key.partition("=")[0]
     with pytest.raises(ConfigError) as err:
-        load_config(JOBS[job].load_config_class(), None, [key])
+        load_config(JOBS[job].config_class(), None, [key])
     assert f"{name}: unknown key" + (" (" if hint else "") in str(err.value)
     assert hint is None or hint in str(err.value)
 
@@ -150,6 +152,17 @@ def test_distillation_is_a_classification_without_a_task_key():
         load_config(DistillJobConfig, None, ["finetune.task=classification"])
     with pytest.raises(ConfigError, match="metric pearson does not apply to classification"):
         load_config(DistillJobConfig, None, ["finetune.metric=pearson"])
+    with pytest.raises(ConfigError, match="data: labels: distillation learns the teacher's labels"):
+        load_config(DistillJobConfig, None, ["data.labels=[neg, pos]"])
+
+
+def test_distillation_keeps_its_run_directory_local():
+    """The student's initial weights are staged in the run directory, which every worker reads."""
+    from albert_dist.finetune.config import DistillJobConfig
+
+    with pytest.raises(ConfigError, match="run: output_dir is a URI, but distillation stages the student's initial "
+                                          "weights"):
+        load_config(DistillJobConfig, None, ["run.output_dir=s3://bucket/runs"])
 
 
 def test_phases_give_max_steps_or_must_agree_with_it(tmp_path):

@@ -1,4 +1,6 @@
-"""Every key a job's config accepts is read by that job's code: the walk over every field of every registered job.
+"""Every key a job's config accepts is read by that job's code: the walk over every field of the registered jobs
+that have no resolved plan yet (data preparation, sweeps, the demo); the training jobs' keys are proven to change
+their plan by test_config_effect.py, which this name-matching walk cannot do.
 
 The rule: a field `name` counts as read by a job when a module the job runs, outside the sections' validators, reads
 `name` as an attribute (`cfg.train.name`), as a constant key (`config["name"]`, `.get("name")`,
@@ -72,6 +74,9 @@ def reads(tree: ast.AST) -> Iterator[str]:
             yield from filter(None, map(_constant, node.iter.elts))
 
 
+REGISTRY = REPO / "albert_dist" / "job_registry.py"
+#: the training jobs, whose keys test_config_effect.py proves change their plan
+PLANNED = {"pretrain", "finetune", "distill"}
 MODULE_REF = re.compile(r"^((?:albert_dist|jobs)(?:\.\w+)+)(?::\w+)?$")
 
 
@@ -110,7 +115,7 @@ def names_read_by(*modules: str) -> set[str]:
             seen.add(path)
             names, imports = scan(path)
             read |= names
-            todo.extend(imports)
+            todo.extend(imports - {REGISTRY})  # the list of every job: following it would make each job read all
     return read
 
 
@@ -118,10 +123,13 @@ def unread_fields(config_class: type[BaseModel], read: set[str]) -> list[str]:
     return [path for path, name in section_fields(config_class) if name not in read]
 
 
-@pytest.mark.parametrize("job", JOBS.values(), ids=lambda job: job.name)
+@pytest.mark.parametrize("job", [job for job in JOBS.values() if job.name not in PLANNED], ids=lambda job: job.name)
 def test_every_field_of_every_job_config_is_read_by_the_job(job):
-    read = names_read_by(job.runner.partition(":")[0], job.config_class.partition(":")[0])
-    assert unread_fields(job.load_config_class(), read) == []
+    declaration = job.load()
+    kind = getattr(declaration.config_class, "kind", None)  # a sweep's trials run the job registered as its kind
+    trials = [JOBS[kind].declaration.partition(":")[0]] if kind else []
+    read = names_read_by(job.declaration.partition(":")[0], declaration.config_class.__module__, *trials)
+    assert unread_fields(declaration.config_class, read) == []
 
 
 def test_the_walk_finds_a_field_the_job_does_not_read():

@@ -100,9 +100,9 @@ def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_mo
     def fill_after_the_last_evaluation(metrics, step):
         if step == 8 and any(name.startswith("eval_") for name in metrics):
             fill(small_disk)
-            best_when_full.update(load_file(small_disk / "best" / "model.safetensors"))
+            best_when_full.update(load_file(small_disk / "model" / "model.safetensors"))
 
-    env = WorkerEnv(report=saved, best_model_dir=small_disk / "best", log_metrics=fill_after_the_last_evaluation,
+    env = WorkerEnv(report=saved, publish_to=small_disk, log_metrics=fill_after_the_last_evaluation,
                     print_fn=lambda line: None)
     trainer = Trainer(KeywordTask(), settings(max_steps=8, log_every=2, eval_every=4, checkpoint_every=4), env)
     with pytest.raises(AlbertDistError, match=r"^no space left on device while writing the checkpoint of step 8 "
@@ -111,10 +111,10 @@ def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_mo
     assert best_when_full, "the disk was never filled"
     assert [r["step"] for r in saved.reports] == [4]
     checkpointing.load_training_state(saved.root / "step4")  # verified and loadable
-    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "best", "tmp"]
+    assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "model", "tmp"]
     assert not list((small_disk / "tmp").glob("albert-ckpt-*")), "a half-written checkpoint was left behind"
-    assert_same_weights(small_disk / "best", best_when_full)
-    AlbertForSequenceClassification.from_pretrained(small_disk / "best")
+    assert_same_weights(small_disk / "model", best_when_full)
+    AlbertForSequenceClassification.from_pretrained(small_disk / "model")
 
 
 def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_dataset(small_disk, tmp_path,

@@ -224,6 +224,8 @@ def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     _, _, hidden = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     hidden.backward()
     assert model.projection.weight.grad is not None and teacher.classifier.weight.grad is None
+    model.gradient_checkpointing = True  # train.activation_checkpointing: the student's layers are recomputed
+    assert student.gradient_checkpointing and not teacher.gradient_checkpointing
     student_task = classification_spec(
         init_from=str(classifier.model_dir), task_data=task_data, task="classification", finetune=job_cfg.finetune,
         train=job_cfg.train, data_section=job_cfg.data, per_epoch=1,
@@ -234,10 +236,12 @@ def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     assert isinstance(task, DistillationTask)
     # a distillation step trains the student and runs the teacher forward: FLOPs of both, the teacher's a third
     assert task.flops_per_token(model) == student.flops_per_token(32) + teacher.flops_per_token(32) / 3
-    task.save_model(model, tmp_path)
+    task.save_model(model, tmp_path)  # the model as it is published
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         assert not [k for k in f.keys() if "projection" in k or k.startswith("teacher")]
-    assert (tmp_path / PROJECTION_FILE).is_file()  # kept beside it for exact resume, dropped when published
+    assert not (tmp_path / PROJECTION_FILE).exists()
+    task.save_training_only(model, tmp_path)  # beside it in a checkpoint, for exact resume
+    assert (tmp_path / PROJECTION_FILE).is_file()
     reloaded = DistillationModel(build_student(teacher, cfg), teacher, match_hidden=True)
     task.load_weights(reloaded, tmp_path)
     assert torch.equal(reloaded.projection.weight, model.projection.weight)

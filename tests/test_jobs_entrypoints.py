@@ -12,7 +12,7 @@ import pytest
 
 from albert_dist import jobs_client
 from albert_dist.cli import build_parser
-from albert_dist.job_registry import JOBS, Job
+from albert_dist.job_registry import JOBS, Command, Job
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 from albert_dist.errors import AlbertDistError, ConfigError
 
@@ -73,20 +73,21 @@ def test_entry_point_help(job):
 
 @pytest.mark.parametrize("job", JOBS.values(), ids=lambda job: job.name)
 def test_every_registered_job_has_its_entry_module_cli_command_and_submit_entrypoint(job):
-    """The registry is the one job list: each job's jobs/ module exists, its CLI command loads its config class
-    and calls its runner, and submit runs its entry module."""
+    """The registry is the one job list: each job's jobs/ module exists, its CLI command loads its declaration's
+    config class and runs it, and submit runs its entry module."""
     assert (REPO / (job.entry[0].replace(".", "/") + ".py")).is_file()
     sweep_space = ["search_space={train.learning_rate: {choice: [1e-5]}}"] if job.command[0] == "tune" else []
     overrides = ["run.output_dir=elsewhere", *sweep_space]
     args = build_parser().parse_args([*job.command, *(f"--set={item}" for item in overrides)])
     called = {}
-    with pytest.MonkeyPatch.context() as patch:  # the runners' modules import torch and Ray: read, not imported
-        patch.setattr(Job, "load_runner", lambda self: lambda cfg: called.update(job=self, cfg=cfg) or 0)
+    declaration = job.load()
+    assert callable(declaration.main) and declaration.config_class is job.config_class()
+    with pytest.MonkeyPatch.context() as patch:  # the job itself is not run
+        patch.setattr(Job, "load", lambda self: Command(declaration.config_class,
+                                                        lambda cfg: called.update(job=self, cfg=cfg) or 0))
         assert args.handler(args) == 0
-    assert called["job"] is job and type(called["cfg"]) is job.load_config_class()
+    assert called["job"] is job and type(called["cfg"]) is declaration.config_class
     assert called["cfg"].run.output_dir == "elsewhere"
-    module, _, runner = job.runner.partition(":")
-    assert f"\ndef {runner}(" in Path(importlib.util.find_spec(module).origin).read_text()
     assert build_parser().parse_args(["submit", job.name]).job == job.name
     assert jobs_client.entrypoint(job.name, None, []) == "python -m " + " ".join(job.entry)
 

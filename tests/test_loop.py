@@ -85,11 +85,11 @@ def weights(trainer):
 
 def test_learns_and_keeps_the_best_model(tmp_path):
     saved = Checkpoints(tmp_path)
-    result = Trainer(KeywordTask(), settings(), WorkerEnv(report=saved, best_model_dir=tmp_path / "best")).fit()
+    result = Trainer(KeywordTask(), settings(), WorkerEnv(report=saved, publish_to=tmp_path)).fit()
     assert result["status"] == "completed" and result["step"] == 40
     assert result["eval_accuracy"] >= 0.85
     assert [r["step"] for r in saved.reports] == [20, 40]
-    assert (tmp_path / "best" / "model.safetensors").is_file()
+    assert (tmp_path / "model" / "model.safetensors").is_file()  # train.publish: best
     assert json.loads((tmp_path / "step40" / "manifest.json").read_text())["step"] == 40
 
 
@@ -99,7 +99,7 @@ def test_compiled_model_trains_and_saves_plain_weights(tmp_path):
     from safetensors.torch import load_file
 
     trainer = Trainer(KeywordTask(), settings(compile=True), WorkerEnv(report=Checkpoints(tmp_path),
-                                                                        best_model_dir=tmp_path / "best"))
+                                                                        publish_to=tmp_path))
     assert isinstance(trainer.wrapped, torch._dynamo.eval_frame.OptimizedModule)
     result = trainer.fit()
     assert result["status"] == "completed" and result["eval_accuracy"] >= 0.85

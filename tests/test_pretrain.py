@@ -302,11 +302,11 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
 def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, capsys):
     from mlflow.tracking import MlflowClient
 
-    from albert_dist.pretrain import run_pretrain
+    from albert_dist.pretrain import PRETRAIN
 
     overrides = pretrain_overrides(prepared, "range") + [
         "train.lr_range_test=true", "train.lr_range_steps=40", "train.lr_range_min=1e-4", "train.lr_range_max=30"]
-    assert run_pretrain(load_config(PretrainJobConfig, None, overrides)) == 0
+    assert PRETRAIN.main(load_config(PretrainJobConfig, None, overrides)) == 0
     out = capsys.readouterr().out
     suggested = float(re.search(r"suggested: --set train.learning_rate=(\S+) ", out).group(1))
     rates = [float(line.split()[0]) for line in out.splitlines() if re.match(r"\s+\d\S* +\d+\.\d+ +\d+\.", line)]

@@ -32,6 +32,7 @@ from albert_dist.data.ranges import FileRange, auto_range_bytes, plan_ranges, re
 from albert_dist.data.readers import resolve_inputs
 from albert_dist.storage import filesystem
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
+from albert_dist.job_registry import Command
 from albert_dist.storage import publishing_dir, sha256_file, upload_dir
 
 MANIFEST = "manifest.json"
@@ -388,3 +389,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     if counters:
         lines.append("data: " + ", ".join(counters))
     return "\n".join(lines)
+
+
+PREPARE_DATA = Command(DataJobConfig, run_prepare)

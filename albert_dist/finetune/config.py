@@ -9,14 +9,14 @@ from pydantic import Field, field_validator, model_validator
 
 from albert_dist.config import (
     PretrainedModelSection,
-    RunSection,
     Section,
-    StoredRunSection,
     TrainBase,
     TrainingJobConfig,
+    TrainingRunSection,
     local_path,
     without_credentials,
 )
+from albert_dist.storage import is_uri
 
 LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")
 
@@ -151,7 +151,7 @@ class FinetuneModelSection(PretrainedModelSection):
 class FinetuneJobConfig(TaskJobConfig):
     """`albert-dist finetune`: `model.init_from` is the pretrained model directory (ours or transformers')."""
 
-    run: StoredRunSection = Field(default_factory=lambda: StoredRunSection(name="finetune"))
+    run: TrainingRunSection = Field(default_factory=lambda: TrainingRunSection(name="finetune"))
     model: FinetuneModelSection = Field(default_factory=FinetuneModelSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
@@ -205,7 +205,24 @@ class DistillSection(Section):
 class DistillJobConfig(TaskJobConfig):
     """`albert-dist distill`: the teacher's dir carries the tokenizer and the label names."""
 
-    run: RunSection = Field(default_factory=lambda: RunSection(name="distill"))
+    run: TrainingRunSection = Field(default_factory=lambda: TrainingRunSection(name="distill"))
     distill: DistillSection = Field(default_factory=DistillSection)
     student: StudentSection = Field(default_factory=StudentSection)
     train: DistillTrainSection = Field(default_factory=DistillTrainSection)
+
+    @field_validator("data")
+    @classmethod
+    def _teachers_labels(cls, data: TaskDataSection) -> TaskDataSection:
+        if data.labels is not None:
+            raise ValueError("labels: distillation learns the teacher's labels, in the teacher's order")
+        return data
+
+    @field_validator("run")
+    @classmethod
+    def _local_run_dir(cls, run: TrainingRunSection) -> TrainingRunSection:
+        """The student's initial weights are staged in the run directory, read by every worker from there."""
+        if is_uri(run.output_dir):
+            raise ValueError("output_dir is a URI, but distillation stages the student's initial weights in the run "
+                             "directory with local file operations: give a local path or a mount every node shares "
+                             "(NFS, EFS, Filestore); pretrain and finetune take a URI")
+        return run

@@ -5,8 +5,8 @@ loss = α·T²·KL(softmax(s/T) ‖ softmax(t/T)) + (1−α)·CE(s, y) + β·MSE
 The teacher's logits (and hidden states) are computed inside the training loop, in the same forward pass as
 the student's, on the same batch and precision: nothing is precomputed or stored. Hidden states are matched
 layer to layer, student layer i (1-based) → teacher layer round(i·Lt/Ls), through one learned linear projection
-when the hidden sizes differ; the projection is training-only and never written into the student's checkpoint
-(it is kept beside it in checkpoints, for exact resume, and left out of the published model).
+when the hidden sizes differ; the projection is training-only (`save_training_only`): kept beside the student in
+checkpoints, for exact resume, never in the published model.
 
 When the student keeps the teacher's hidden size, ALBERT's sharing makes initialising it from the teacher free:
 the same shared groups, applied fewer times. A student of another width can instead start from a separately
@@ -16,7 +16,6 @@ albert_chinese_base teacher): logits are distilled whatever the widths, hidden s
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -25,17 +24,16 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from albert_dist import run_lock, tracking
 from albert_dist.errors import ConfigError
-from albert_dist.storage import publish_dir
 from albert_dist.finetune import data, inference, job
 from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.model.checkpoint import load_config
-from albert_dist.ray_init import ensure_ray
+from albert_dist.storage import publish_dir
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train.loop import TaskSpec
+from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
 
 PROJECTION_FILE = "distill_projection.safetensors"
 
@@ -61,6 +59,16 @@ class DistillationModel(torch.nn.Module):
         super().train(mode)
         self.teacher.eval()
         return self
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """`train.activation_checkpointing` recomputes the student's layers: the frozen teacher runs without
+        gradients and keeps no activations to recompute."""
+        return self.student.gradient_checkpointing
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, enabled: bool) -> None:
+        self.student.gradient_checkpointing = enabled
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         """(student logits, teacher logits, hidden-state MSE or None)."""
@@ -151,6 +159,8 @@ class DistillationTask(SequenceClassificationTask):
 
     def save_model(self, model, directory: Path) -> None:
         super().save_model(model.student, directory)
+
+    def save_training_only(self, model, directory: Path) -> None:
         if model.projection is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in model.projection.state_dict().items()},
                       str(directory / PROJECTION_FILE))
@@ -210,6 +220,16 @@ def _pretrained_student(teacher: AlbertForSequenceClassification, student_dir: s
         problem_type=c.problem_type)
 
 
+def weights_digest(model: torch.nn.Module) -> str:
+    """What identifies the student's initial weights (its shape and values)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -239,18 +259,8 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
     return out
 
 
-@dataclass
-class DistillOutcome:
-    model_dir: Path
-    tracking_uri: str
-    run_id: str
-    train_metrics: dict[str, Any]
-    metrics: dict[str, float]  # see `compare`, plus test_* of the student when there is a test split
-
-
-@run_lock.one_driver_per_run
-def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutcome:
-    ensure_ray()
+def plan(cfg: DistillJobConfig) -> Plan:
+    """Load the teacher, tokenize the task data with its labels, build the student: the run's plan."""
     teacher_dir = cfg.distill.teacher
     if not teacher_dir:
         raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
@@ -258,42 +268,41 @@ def distill(cfg: DistillJobConfig, callbacks: list | None = None) -> DistillOutc
     names = [teacher.config.id2label[i] for i in range(teacher.config.num_labels)]
     task_data = job.prepare_task_data(cfg.data, "classification", teacher_dir, label_names=names)
     train, per_epoch = job.schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
-    run_dir = cfg.run.run_dir
     student = build_student(teacher, cfg, teacher_dir)
-    with tracking.job_run(cfg, "distill", tags=job.lineage_tags(teacher_dir), extra_params={
-            "train.derived_max_steps": train.max_steps, "train.derived_warmup_steps": train.warmup_steps,
-            "student.num_parameters": parameter_count(student),
-            "teacher.num_parameters": parameter_count(teacher)}) as run:
-        student_init = run_dir / "student_init"
-        publish_dir(student_init, lambda d: save_with_tokenizer(student, teacher_dir, d))
+    student_init = cfg.run.run_dir / "student_init"
+    d = cfg.distill
+    student_task = job.classification_spec(
+        init_from=str(student_init), task_data=task_data, task="classification", finetune=cfg.finetune,
+        train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed, model_overrides={},
+        tokenizer_dir=str(teacher_dir))
+    spec = DistillationSpec(student_task, teacher_dir=str(teacher_dir), temperature=d.temperature, alpha=d.alpha,
+                            hidden_weight=d.hidden_weight)
+
+    def stage(run) -> None:
+        publish_dir(student_init, lambda directory: save_with_tokenizer(student, teacher_dir, directory))
         job.log_task_data(run, cfg.data, task_data)
-        print(f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
-              f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
-              f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
-              f"H={student.config.hidden_size}); {train.max_steps} steps; MLflow run {run.run_id}")
-        d = cfg.distill
-        student_task = job.classification_spec(
-            init_from=str(student_init), task_data=task_data, task="classification", finetune=cfg.finetune,
-            train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed, model_overrides={},
-            tokenizer_dir=str(teacher_dir))
-        spec = DistillationSpec(student_task, teacher_dir=str(teacher_dir), temperature=d.temperature, alpha=d.alpha,
-                                hidden_weight=d.hidden_weight)
-        best_dir = run_dir / "best_checkpoint"
-        result = job.train_on_ray(cfg, task=spec, task_data=task_data, train=train, run=run, best_model_dir=best_dir,
-                                  callbacks=callbacks)
-        model_dir = run_dir / "model"
-        publish_dir(model_dir, lambda d: shutil.copytree(
-            best_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
-        run.published(model_dir)
-        student = AlbertForSequenceClassification.from_pretrained(model_dir)
-        values = compare(teacher, student, task_data, cfg)
+
+    def evaluate(model_dir: Path) -> dict[str, float]:
+        distilled = AlbertForSequenceClassification.from_pretrained(model_dir)
+        values = compare(teacher, distilled, task_data, cfg)
         if "test" in task_data.splits:
             values.update({f"test_{k}": v for k, v in inference.evaluate(
-                student, task_data.splits["test"], task="classification", precision=cfg.train.precision).items()})
-        step = int(result.metrics.get("step", train.max_steps))
-        run.log_metrics(values, step)
-        run.log_model(job.classifier_model(cfg), step)
-    return DistillOutcome(model_dir, run.uri, run.run_id, result.metrics, values)
+                distilled, task_data.splits["test"], task="classification", precision=cfg.train.precision).items()})
+        return values
+
+    return base_plan(
+        cfg, task=spec, train=train, data_digest=job.task_data_digest(cfg.data), stage=stage, evaluate=evaluate,
+        datasets=lambda: job.task_datasets(task_data), tags=job.lineage_tags(teacher_dir), label_names=names,
+        inputs={**job.encoded_digests(task_data), "student": weights_digest(student),
+                "student_config": student.config.to_dict()},
+        params={"train.derived_max_steps": train.max_steps, "train.derived_warmup_steps": train.warmup_steps,
+                "student.num_parameters": parameter_count(student), "teacher.num_parameters": parameter_count(teacher)},
+        banner=[f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
+                f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
+                f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
+                f"H={student.config.hidden_size}); {train.max_steps} steps"],
+        driver={"speed_batch_size": d.speed_batch_size, "speed_repeats": d.speed_repeats,
+                "eval_batch_size": cfg.finetune.eval_batch_size, "precision": cfg.train.precision})
 
 
 def save_with_tokenizer(model, tokenizer_source: str | Path, directory: Path) -> None:
@@ -301,16 +310,17 @@ def save_with_tokenizer(model, tokenizer_source: str | Path, directory: Path) ->
     load_tokenizer(tokenizer_source).save(directory)
 
 
-def run_distill(cfg: DistillJobConfig) -> int:
-    outcome = distill(cfg)
+def _summary(cfg: DistillJobConfig, outcome: JobOutcome) -> list[str]:
     m, metric = outcome.metrics, cfg.finetune.best_metric
-    print(f"teacher dev {metric} {m[f'teacher_dev_{metric}']:.4f} | student dev {metric} "
-          f"{m[f'student_dev_{metric}']:.4f} ({100 * m['student_share_of_teacher']:.1f}% of the teacher)")
-    print(f"parameters: teacher {m['teacher_parameters'] / 1e6:.2f}M, student {m['student_parameters'] / 1e6:.2f}M; "
-          f"inference ({cfg.train.precision}, batch {cfg.distill.speed_batch_size}): teacher "
-          f"{m['teacher_sequences_per_s']:.0f}/s, student {m['student_sequences_per_s']:.0f}/s, "
-          f"speedup ×{m['speedup']:.2f} (the student computes {100 * m['student_flops_share']:.0f}% of the "
-          f"teacher's FLOPs)")
-    print(f"student model: {outcome.model_dir}")
-    print(tracking.where_to_find(outcome.tracking_uri, outcome.run_id))
-    return 0
+    return [f"teacher dev {metric} {m[f'teacher_dev_{metric}']:.4f} | student dev {metric} "
+            f"{m[f'student_dev_{metric}']:.4f} ({100 * m['student_share_of_teacher']:.1f}% of the teacher)",
+            f"parameters: teacher {m['teacher_parameters'] / 1e6:.2f}M, student {m['student_parameters'] / 1e6:.2f}M; "
+            f"inference ({cfg.train.precision}, batch {cfg.distill.speed_batch_size}): teacher "
+            f"{m['teacher_sequences_per_s']:.0f}/s, student {m['student_sequences_per_s']:.0f}/s, "
+            f"speedup ×{m['speedup']:.2f} (the student computes {100 * m['student_flops_share']:.0f}% of the "
+            f"teacher's FLOPs)",
+            f"student model: {outcome.model_dir}"]
+
+
+DISTILL = TrainingJob("distill", DistillJobConfig, plan, job.classifier_model, _summary)
+distill = DISTILL.run

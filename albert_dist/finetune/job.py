@@ -1,10 +1,10 @@
-"""`albert-dist finetune`: the driver. It reads and tokenizes the task data, derives the schedule from the epochs,
-opens the MLflow run (linked to the source model), runs the fine-tuning task on Ray Train and publishes the best
-dev checkpoint as `<run_dir>/model`, then reports its dev and test metrics. `model.init_from` and `run.output_dir`
-may be URIs (`s3://...`): the model is downloaded to a local cache (`storage.fetch_dir`), the best checkpoint
-published there by the workers and downloaded back for the final metrics.
+"""`albert-dist finetune`: the job's declaration (`FINETUNE`, run by `training_job.run_job`). Its plan reads and
+tokenizes the task data, derives the schedule from the epochs and links the MLflow run to the source model; the
+best dev evaluation's model is published as `<run_dir>/model` (`train.publish: best`), then its dev and test
+metrics are computed. `model.init_from` and `run.output_dir` may be URIs (`s3://...`): the model is downloaded to a
+local cache (`storage.fetch_dir`), the published model downloaded back for the final metrics.
 
-The helpers here (data preparation, schedule, lineage, the training call) are shared with distillation.
+The helpers here (data preparation, schedule, lineage, final metrics) are shared with distillation.
 """
 
 from __future__ import annotations
@@ -16,19 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from albert_dist import run_lock, tracking
-from albert_dist.config import TrainBase, TrainSection, flatten
-from albert_dist.storage import is_uri, join_location
+from albert_dist import tracking
+from albert_dist.config import TrainBase, TrainSection
 from albert_dist.errors import ConfigError
-from albert_dist.storage import fetch_dir, read_bytes
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
 from albert_dist.finetune.task import ClassificationSpec
 from albert_dist.model import AlbertForSequenceClassification
-from albert_dist.ray_init import ensure_ray
+from albert_dist.storage import fetch_dir, is_uri, join_location, read_bytes
 from albert_dist.tokenizer import load_tokenizer
-from albert_dist.train import checkpointing
-from albert_dist.train.loop import TaskSpec
+from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
 
 @dataclass
 class TaskData:
@@ -116,6 +113,17 @@ def task_data_digest(section: TaskDataSection) -> str:
     return hashlib.sha256("\n".join(tracking.path_digest(p) if p else "-" for p in files).encode()).hexdigest()
 
 
+def encoded_digests(task_data: TaskData) -> dict[str, str]:
+    """Each split as tokenized: its rows' token ids, labels and order (what the workers train and evaluate on)."""
+    out = {}
+    for name, split in task_data.splits.items():
+        digest = hashlib.sha256()
+        for key in sorted(split.arrays):
+            digest.update(key.encode() + split.arrays[key].tobytes())
+        out[name] = digest.hexdigest()
+    return out
+
+
 def classifier_model(cfg):
     """The MLflow model of a classifier trained by the job `cfg` (fine-tuning or distillation)."""
     from albert_dist import mlflow_models
@@ -139,18 +147,9 @@ def classification_spec(*, init_from: str, task_data: TaskData, task: str, finet
         max_seq_length=data_section.max_seq_length, allow_pickle=allow_pickle)
 
 
-def train_on_ray(cfg, *, task: TaskSpec, task_data: TaskData, train: TrainSection, run: tracking.JobRun,
-                 best_model_dir: Path | str, callbacks: list | None = None):
-    """Run `task` on Ray Train, its metrics logged into `run`. `callbacks` are Ray Train callbacks (a sweep's
-    trial passes Tune's report callback)."""
-    from albert_dist.train.ray_runner import training_data_context, run_training
-
-    training_data_context()
-    datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
-    return run_training(name=cfg.run.name, storage_path=cfg.run.locate("ray"), task=task, train=train,
-                        scaling=cfg.scaling, seed=cfg.run.seed, datasets=datasets, tracking=(run.uri, run.run_id),
-                        best_model_dir=best_model_dir, callbacks=callbacks, resume_changes=cfg.run.resume_changes,
-                        fingerprint=checkpointing.fingerprint(flatten(cfg), task_data_digest(cfg.data)))
+def task_datasets(task_data: TaskData) -> dict[str, Any]:
+    """The train and dev splits as Ray datasets (made once Ray runs)."""
+    return {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
 
 
 def final_metrics(model, task_data: TaskData, task: str, cfg) -> dict[str, float]:
@@ -165,19 +164,8 @@ def final_metrics(model, task_data: TaskData, task: str, cfg) -> dict[str, float
     return out
 
 
-@dataclass
-class FinetuneOutcome:
-    model_dir: Path | str  # a URI when run.output_dir is one
-    tracking_uri: str
-    run_id: str
-    label_names: list[str] | None
-    train_metrics: dict[str, Any]
-    metrics: dict[str, float]  # dev_* and test_* of the published (best) model
-
-
-@run_lock.one_driver_per_run
-def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneOutcome:
-    ensure_ray()
+def plan(cfg: FinetuneJobConfig) -> Plan:
+    """Read and tokenize the task data, derive the schedule from the epochs: the run's plan."""
     init_from = cfg.model.init_from
     if not init_from:
         raise ConfigError("model.init_from is not set: give the pretrained model directory")
@@ -185,34 +173,31 @@ def finetune(cfg: FinetuneJobConfig, callbacks: list | None = None) -> FinetuneO
     task_data = prepare_task_data(cfg.data, task, fetch_dir(init_from))
     train, per_epoch = schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
     sizes = {f"data.{name}_rows": len(split) for name, split in task_data.splits.items()}
-    with tracking.job_run(cfg, "finetune", tags=lineage_tags(init_from), extra_params={
-            **sizes, "train.derived_max_steps": train.max_steps, "train.derived_warmup_steps": train.warmup_steps,
-            "labels": ",".join(task_data.label_names or [])}) as run:
-        log_task_data(run, cfg.data, task_data)
-        print(f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {sizes} rows, "
-              f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s); MLflow run {run.run_id}")
-        overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
-        spec = classification_spec(init_from=str(init_from), task_data=task_data, task=task,
-                                   finetune=cfg.finetune, train=train, data_section=cfg.data, per_epoch=per_epoch,
-                                   seed=cfg.run.seed, model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
-        model_dir = cfg.run.locate("model")
-        result = train_on_ray(cfg, task=spec, task_data=task_data, train=train, run=run, best_model_dir=model_dir,
-                              callbacks=callbacks)
-        local_model = fetch_dir(model_dir)  # the loop published the best dev checkpoint there
-        run.published(local_model, str(model_dir))
-        values = final_metrics(AlbertForSequenceClassification.from_pretrained(local_model), task_data, task, cfg)
-        step = int(result.metrics.get("step", train.max_steps))
-        run.log_metrics(values, step)
-        run.log_model(classifier_model(cfg), step)
-    return FinetuneOutcome(model_dir, run.uri, run.run_id, task_data.label_names, result.metrics, values)
+    overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
+    spec = classification_spec(init_from=str(init_from), task_data=task_data, task=task, finetune=cfg.finetune,
+                               train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed,
+                               model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
+    rows = ", ".join(f"{len(split)} {name}" for name, split in task_data.splits.items())
+    return base_plan(
+        cfg, task=spec, train=train, data_digest=task_data_digest(cfg.data), datasets=lambda: task_datasets(task_data),
+        tags=lineage_tags(init_from), label_names=task_data.label_names, inputs=encoded_digests(task_data),
+        params={**sizes, "train.derived_max_steps": train.max_steps, "train.derived_warmup_steps": train.warmup_steps,
+                "labels": ",".join(task_data.label_names or [])},
+        stage=lambda run: log_task_data(run, cfg.data, task_data),
+        banner=[f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {rows} rows, "
+                f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s)"],
+        evaluate=lambda model_dir: final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir),
+                                                 task_data, task, cfg),
+        driver={"eval_batch_size": cfg.finetune.eval_batch_size, "precision": cfg.train.precision})
 
 
-def run_finetune(cfg: FinetuneJobConfig) -> int:
-    outcome = finetune(cfg)
+def _summary(cfg: FinetuneJobConfig, outcome: JobOutcome) -> list[str]:
     m = outcome.train_metrics
     stopped = " (stopped early)" if m.get("stopped_early") else ""
-    print(f"done: step {m.get('step')}{stopped}; best model by dev {cfg.finetune.best_metric}:")
-    print("  " + " | ".join(f"{k} {v:.4f}" for k, v in outcome.metrics.items()))
-    print(f"model: {outcome.model_dir}")
-    print(tracking.where_to_find(outcome.tracking_uri, outcome.run_id))
-    return 0
+    final = {k: v for k, v in outcome.metrics.items() if k.startswith(("dev_", "test_"))}
+    return [f"done: step {m.get('step')}{stopped}; best model by dev {cfg.finetune.best_metric}:",
+            "  " + " | ".join(f"{k} {v:.4f}" for k, v in final.items()), f"model: {outcome.model_dir}"]
+
+
+FINETUNE = TrainingJob("finetune", FinetuneJobConfig, plan, classifier_model, _summary)
+finetune = FINETUNE.run

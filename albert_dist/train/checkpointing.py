@@ -40,11 +40,15 @@ RELAUNCH_MAY_CHANGE = (
     "run.name", "run.output_dir", "run.resume_changes", "tracking.", "data.output", "data.cache", "data.packing",
     "scaling.use_gpu", "scaling.cpus_per_worker", "scaling.gpus_per_worker", "scaling.placement_strategy",
     "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.max_failures", "train.resource_wait_attempts", "train.drain_check_every", "train.peak_tflops",
-    "train.plateau_warning_after", "train.lr_range_", "train.deterministic",
+    "train.max_failures", "train.resource_wait_attempts", "train.drain_check_every", "train.publish",
+    "train.peak_tflops", "train.plateau_warning_after", "train.lr_range_", "train.deterministic",
 )
 STATE_FILE = "training_state.pt"
 MODEL_DIR = "model"
+#: in a run's home: the model the job publishes (`train.publish` picks it) and, when that is the last one, the best
+#: evaluation's model beside it
+PUBLISHED_MODEL = "model"
+BEST_MODEL = "best_model"
 
 
 def fingerprint(settings: dict[str, Any], data_digest: str | None = None) -> dict[str, Any]:
@@ -173,13 +177,17 @@ class CheckpointManager:
     """The checkpoint policy of one training run in one place (as torchtitan's checkpointer): when a checkpoint
     is due, what it holds (the model through the task, the trainer's state, the task's own state, every rank's
     RNG, the best metric so far), how it is written (staged in a temporary directory, checksummed, handed to
-    `env.report`), the best model kept beside the checkpoints, and restoring all of it.
+    `env.report`), which model the run publishes, and restoring all of it.
+
+    Publishing (`publish`, the job's `train.publish`) puts one model in `<env.publish_to>/model`: the best
+    evaluation's ("best") or the last step's ("last", with the best evaluation's kept in `best_model/` beside it).
+    A published model is what `task.save_model` writes, without the task's training-only tensors.
 
     Every rank calls `report` and `keep_best` alike; only rank 0 writes.
     """
 
-    def __init__(self, task, env, every: int):
-        self.task, self.env, self.every = task, env, every
+    def __init__(self, task, env, every: int, publish: str = "best"):
+        self.task, self.env, self.every, self.publish = task, env, every, publish
         self.best: float | None = None
 
     def due(self, step: int) -> bool:
@@ -193,11 +201,18 @@ class CheckpointManager:
         if self.best is not None and (value <= self.best if self.task.best_mode == "max" else value >= self.best):
             return
         self.best = value
-        if self.env.is_main and self.env.best_model_dir is not None:
-            publish_dir(self.env.best_model_dir, lambda d: self.task.save_model(model, d))
+        self._publish(model, PUBLISHED_MODEL if self.publish == "best" else BEST_MODEL)
 
-    def report(self, metrics: dict[str, Any], model: torch.nn.Module, trainer_state: dict[str, Any] | None) -> None:
-        """Report `metrics`, with a checkpoint of `model` and `trainer_state` when that is given."""
+    def _publish(self, model: torch.nn.Module, name: str) -> None:
+        if self.env.is_main and self.env.publish_to is not None:
+            publish_dir(join_location(self.env.publish_to, name), lambda d: self.task.save_model(model, d))
+
+    def report(self, metrics: dict[str, Any], model: torch.nn.Module, trainer_state: dict[str, Any] | None,
+               final: bool = False) -> None:
+        """Report `metrics`, with a checkpoint of `model` and `trainer_state` when that is given; at the `final`
+        step of the run, publish the last model when that is the policy."""
+        if final and self.publish == "last":
+            self._publish(model, PUBLISHED_MODEL)
         if trainer_state is None:
             self.env.report(metrics, None)
             return
@@ -212,6 +227,7 @@ class CheckpointManager:
             directory = Path(tmp)
             with disk_full_errors(f"the checkpoint of step {step} ({directory}, then the run's storage)"):
                 self.task.save_model(model, directory / MODEL_DIR)
+                self.task.save_training_only(model, directory / MODEL_DIR)
                 save_training_state(directory, state, {"step": step, "epoch": trainer_state["epoch"],
                                                        "fingerprint": self.env.fingerprint})
                 self.env.report(metrics, directory)

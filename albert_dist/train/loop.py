@@ -63,7 +63,11 @@ class TrainingTask(ABC):
 
     @abstractmethod
     def save_model(self, model: torch.nn.Module, directory: Path) -> None:
-        """Write the model (and tokenizer) in the transformers layout."""
+        """Write the model (and tokenizer) in the transformers layout, as it is published."""
+
+    def save_training_only(self, model: torch.nn.Module, directory: Path) -> None:
+        """Write beside `save_model`'s files in a checkpoint what only resuming needs (never published);
+        `load_weights` reads it back."""
 
     def phases(self) -> list[int]:
         """The steps of each training phase, in order, when the batches change between phases (a sequence-length
@@ -127,7 +131,8 @@ class WorkerEnv:
     report: Callable[[dict[str, float], Path | None], None] = lambda metrics, checkpoint: None
     resume_dir: Path | None = None
     log_metrics: Callable[[dict[str, float], int], None] | None = None
-    best_model_dir: Path | None = None
+    #: the run's home, where `CheckpointManager` publishes the model; None publishes nothing
+    publish_to: Path | str | None = None
     #: recorded in every checkpoint's manifest (`checkpointing.fingerprint`)
     fingerprint: dict[str, Any] | None = None
     print_fn: Callable[[str], None] = lambda line: print(line, flush=True)
@@ -175,7 +180,7 @@ class Trainer:
         if self.phase_ends and self.phase_ends[-1] != settings.max_steps:
             raise ValueError(f"the task's phases end at step {self.phase_ends[-1]}, max_steps is {settings.max_steps}")
         self.position = Position()
-        self.checkpoints = checkpointing.CheckpointManager(task, env, settings.checkpoint_every)
+        self.checkpoints = checkpointing.CheckpointManager(task, env, settings.checkpoint_every, settings.publish)
         # consecutive skipped steps so far and their longest run since the last log, kept on the device: the step
         # never waits for the device to tell whether its gradients were finite; the log interval reads them
         self.nonfinite_run = torch.zeros((), dtype=torch.long, device=env.device)
@@ -262,7 +267,7 @@ class Trainer:
             metrics["resumed_from_step"] = float(start_step if self.env.resume_dir is not None else -1)
         if evaluate or checkpoint:
             self.checkpoints.report({**metrics, "step": pos.step, "epoch": pos.epoch}, self.model,
-                                    self._state() if checkpoint or stop else None)
+                                    self._state() if checkpoint or stop else None, final=last or stop)
         return stop
 
     def replicas_identical(self) -> bool:

@@ -63,7 +63,7 @@ def torch_threads(scaling: ScalingSection) -> int:
 
 def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: TrainSection, scaling: ScalingSection,
                  seed: int, datasets: dict[str, Any] | None = None, split_datasets: bool = False,
-                 tracking: tuple[str, str] | None = None, best_model_dir: Path | str | None = None,
+                 tracking: tuple[str, str] | None = None, publish_to: Path | str | None = None,
                  callbacks: list | None = None, fingerprint: dict[str, Any] | None = None,
                  resume_changes: str = "refuse") -> TrainingResult:
     """Fit the task `task` describes with the shared loop on `scaling.num_workers` Ray Train workers.
@@ -90,7 +90,7 @@ def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: 
         _train_worker,
         train_loop_config={"task": task, "train": train.model_dump(),
                            "seed": seed, "tracking": tracking, "storage_dir": str(storage_dir),
-                           "best_model_dir": str(best_model_dir) if best_model_dir else None,
+                           "publish_to": str(publish_to) if publish_to else None,
                            "torch_threads": torch_threads(scaling), "fingerprint": fingerprint},
         scaling_config=scaling_config(scaling),
         run_config=RunConfig(name=name, storage_path=storage_in_fs, storage_filesystem=storage_fs,
@@ -232,10 +232,9 @@ def _train_worker(config: dict[str, Any]) -> dict[str, Any]:
     storage_dir = join_location(config["storage_dir"])
     chosen = resume_directory(ray.train.get_checkpoint(), storage_dir) if rank == 0 else None
     chosen = broadcast_object(chosen, world_size)
-    best_model_dir = join_location(config["best_model_dir"]) if config["best_model_dir"] else None
     env = WorkerEnv(rank=rank, world_size=world_size, device=ray.train.torch.get_device(),
                     wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
-                    best_model_dir=best_model_dir,
+                    publish_to=join_location(config["publish_to"]) if config["publish_to"] else None,
                     resume_dir=checkpointing.local_copy(chosen) if chosen else None, fingerprint=config["fingerprint"],
                     draining=_draining if os.environ.get(PREEMPTION_WATCHER, "1") != "0" else None)
     train = TrainSection.model_validate(config["train"])

@@ -50,8 +50,7 @@ class ResourcesSection(Section):
 class TuneJobConfig(Section):
     """What every sweep shares; subclasses name the job kind and its config class."""
 
-    kind: ClassVar[str]
-    driver: ClassVar[str]  # "module:function" of the job's driver, called as driver(job_config, callbacks=[...])
+    kind: ClassVar[str]  # the registered job a trial runs (job_registry)
     job: Section  # declared first (narrowed by subclasses) so that the search space is checked against it
     run: RunSection = Field(default_factory=lambda: RunSection(name="sweep", output_dir="runs/sweeps"),
                             description="The sweep lives in <output_dir>/<name>; relaunching the name resumes it.")
@@ -110,7 +109,6 @@ class FinetuneTuneConfig(TuneJobConfig):
     classifier dropout, epochs, …"""
 
     kind: ClassVar[str] = "finetune"
-    driver: ClassVar[str] = "albert_dist.finetune.job:finetune"
     job: FinetuneJobConfig = Field(default_factory=FinetuneJobConfig)
 
 
@@ -119,5 +117,4 @@ class DistillTuneConfig(TuneJobConfig):
     rate, …"""
 
     kind: ClassVar[str] = "distill"
-    driver: ClassVar[str] = "albert_dist.finetune.distill:distill"
     job: DistillJobConfig = Field(default_factory=DistillJobConfig)

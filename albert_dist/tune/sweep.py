@@ -1,5 +1,6 @@
 """Runs a sweep, or resumes the one found in `<output_dir>/<name>`, then publishes its result there:
-`trials.csv`, `trials.png`, `best_<kind>.yaml` (the best trial's job config, ready to run) and `best_model/`.
+`trials.csv`, `trials.png`, `best_<kind>.yaml` (the best trial's job config, ready to run) and `best_model/` (the
+model the best trial published).
 
 A resumed sweep (`Tuner.restore(..., resume_errored=True)`) keeps its finished trials, restarts the interrupted
 and errored ones (each resuming its Ray Train run from its last checkpoint) and runs the samples still missing.
@@ -13,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.config import dump_yaml
+from albert_dist.job_registry import Command
 from albert_dist.console import quiet_optuna, tune_verbosity
 from albert_dist.errors import AlbertDistError
 from albert_dist.storage import publish_dir
 from albert_dist.redaction import redact_url
 from albert_dist.tracking import JobRun
-from albert_dist.finetune.distill import PROJECTION_FILE
 from albert_dist.tune import mlflow_runs, report, space
-from albert_dist.tune.config import TuneJobConfig
+from albert_dist.train.checkpointing import PUBLISHED_MODEL
+from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig, TuneJobConfig
 from albert_dist.tune.trainable import TrialSetup, run_trial
 
 
@@ -73,7 +75,7 @@ def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
 
     ensure_ray()
     with mlflow_runs.parent_run(cfg) as parent:
-        setup = TrialSetup(job=cfg.job, driver=cfg.driver, sweep_dir=cfg.sweep_dir, tracking_uri=parent.uri,
+        setup = TrialSetup(job=cfg.job, kind=cfg.kind, sweep_dir=cfg.sweep_dir, tracking_uri=parent.uri,
                            parent_run_id=parent.run_id, metric=cfg.tune_metric,
                            scaling=cfg.resources_per_trial.scaling_overrides())
         # The trial function only waits on its TorchTrainer, whose workers hold the trial's CPUs/GPUs (Tune
@@ -98,10 +100,8 @@ def publish(cfg: TuneJobConfig, results, parent: JobRun) -> SweepOutcome:
     best_config.write_text(f"# best trial {best['trial_id']} of sweep {cfg.run.name}: {metric} {best[metric]:.4g}\n"
                            + dump_yaml(best_job))
     best_model = sweep_dir / "best_model"
-    trial_dir = report.trials_dir(sweep_dir) / best["trial_id"]
-    source = trial_dir / "model" if (trial_dir / "model").is_dir() else trial_dir / "best_checkpoint"
-    publish_dir(best_model, lambda d: shutil.copytree(
-        source, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns(PROJECTION_FILE)))
+    source = report.trials_dir(sweep_dir) / best["trial_id"] / PUBLISHED_MODEL
+    publish_dir(best_model, lambda d: shutil.copytree(source, d, dirs_exist_ok=True))
     parent.published(best_model)
     files = [report.write_csv(rows, sweep_dir / "trials.csv"),
              report.plot(rows, cfg.distributions, metric, sweep_dir / "trials.png"), best_config]
@@ -120,3 +120,7 @@ def run_tune(cfg: TuneJobConfig) -> int:
     print(f"MLflow parent run {outcome.parent_run_id} at {redact_url(outcome.tracking_uri)}")
     return 0
 
+
+
+FINETUNE_SWEEP = Command(FinetuneTuneConfig, run_tune)
+DISTILL_SWEEP = Command(DistillTuneConfig, run_tune)

@@ -1,15 +1,14 @@
-"""One trial = one run of the job's own driver (fine-tuning or distillation) on Ray Train.
+"""One trial = one run of the registered job (fine-tuning or distillation) on Ray Train.
 
 The trial's job config is the sweep's job with the sampled values, its run directory `<sweep>/trials/<trial_id>`
 (stable across a resumed sweep, so a restarted trial resumes its Ray Train run from its last checkpoint and
 continues its MLflow child run) and the sweep's tracking store. Ray Train's workers report into Tune at each
-evaluation, which is what ASHA decides on. A trial that ran its driver to the end leaves an outcome file; one
+evaluation, which is what ASHA decides on. A trial that ran its job to the end leaves an outcome file; one
 that ASHA stopped does not.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from albert_dist import job_registry
 from albert_dist.config import Section
 from albert_dist.tune import mlflow_runs, space
 from albert_dist.tune.report import OUTCOME_FILE, trials_dir
@@ -47,7 +47,7 @@ class TrialSetup:
     """What every trial needs; shipped to the trials once (`tune.with_parameters`)."""
 
     job: Section
-    driver: str
+    kind: str  # the registered job each trial runs
     sweep_dir: Path
     tracking_uri: str
     parent_run_id: str
@@ -69,7 +69,6 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     trial_id = tune.get_context().get_trial_id()
     cfg = setup.job_for(params, trial_id)
     mlflow_runs.child_run(setup.tracking_uri, setup.parent_run_id, trial_id, cfg.run.run_dir)
-    module, _, function = setup.driver.partition(":")
-    outcome = getattr(importlib.import_module(module), function)(cfg, callbacks=[EvalReportCallback(setup.metric)])
+    outcome = job_registry.get(setup.kind).load().run(cfg, callbacks=[EvalReportCallback(setup.metric)])
     (cfg.run.run_dir / OUTCOME_FILE).write_text(json.dumps({"model_dir": str(outcome.model_dir),
                                                             "metrics": outcome.metrics}, indent=1))

@@ -1,0 +1,157 @@
+"""How far a reader follows one pretraining run: the package files that `albert-dist pretrain` passes through, from
+the command line to the first optimizer step and to the saved model, and how often execution comes back to a
+file it had left (a re-entry).
+
+The driver is traced in this process (sys.setprofile); the Ray Train worker (one, `scaling.num_workers=1`) in its
+own process, through a `worker_process_setup_hook` installed with the local Ray. Every call of a function of
+`albert_dist/` counts (module bodies, run at import, do not): the path is the sequence of files whose functions are
+called, as a reader following the calls opens them; calls of other packages are transparent, so a call from
+`pretrain.py` through Ray into `ray_runner.py` reads as pretrain.py → ray_runner.py. The path to the first
+step is the driver's until Ray Train's `fit` starts, then the worker's until the first `optimizer.step`; to the
+saved model, the worker's until its training function returns, then the driver's until the command ends.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/trace_pretrain_path.py [--show]
+
+prints, for each of the two paths, the number of files, of visits and of re-entries (visits − files), and with
+--show the files in the order they are visited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+PACKAGE = os.sep + "albert_dist" + os.sep
+
+
+def tracer(sink: list[str], stop_on_step: list[bool] | None = None):
+    """A profile function appending the package file execution is in after each call or return to `sink`."""
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        name = frame.f_code.co_filename
+        if PACKAGE in name and frame.f_code.co_name != "<module>":
+            path = name[name.rindex(PACKAGE) + 1:]
+            if not sink or sink[-1] != path:
+                sink.append(path)
+        if event == "call" and frame.f_code.co_name == "fit" and "/ray/train/" in frame.f_code.co_filename \
+                and "--fit--" not in sink:
+            sink.append("--fit--")
+        if stop_on_step is not None and event == "call" and frame.f_code.co_name == "step" \
+                and "torch/optim" in frame.f_code.co_filename and not stop_on_step:
+            stop_on_step.append(True)
+            sink.append("--first-step--")
+
+    return profile
+
+
+def worker_hook(out_dir: str, original: str | None):
+    """The setup hook of every Ray worker process: the local Ray's own (`original`, "module.function"), then
+    trace into `out_dir/<pid>.json`, written at the first optimizer step and when the training function returns."""
+
+    def hook() -> None:
+        import importlib
+        import os
+        import sys
+        import threading
+
+        if original:
+            module, _, function = original.rpartition(".")
+            getattr(importlib.import_module(module), function)()
+
+        sink: list[str] = []
+        stepped: list[bool] = []
+        inner = tracer(sink, stepped)
+        path = os.path.join(out_dir, f"{os.getpid()}.json")
+
+        def dump() -> None:
+            with open(path, "w") as f:
+                json.dump(sink, f)
+
+        def profile(frame, event, arg):
+            inner(frame, event, arg)
+            if event == "call" and frame.f_code.co_name == "step" and "torch/optim" in frame.f_code.co_filename \
+                    and sink.count("--first-step--") == 1 and not getattr(profile, "dumped", False):
+                profile.dumped = True
+                dump()
+            if event == "return" and frame.f_code.co_name == "_train_worker":
+                dump()
+
+        sys.setprofile(profile)
+        threading.setprofile(profile)  # Ray Train runs the training function in a thread of its own
+
+    return hook
+
+
+def summary(path: list[str]) -> tuple[int, int, int]:
+    files = {p for p in path if not p.startswith("--")}
+    visits = [p for p in path if not p.startswith("--")]
+    return len(files), len(visits), len(visits) - len(files)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--show", action="store_true", help="print the files in the order visited")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from albert_dist import cli
+    from albert_dist.demo_corpus import write_stdlib_corpus
+    from albert_dist.ray_init import start_local_ray
+
+    root = Path(tempfile.mkdtemp(prefix="trace-pretrain-"))
+    corpus = write_stdlib_corpus(root / "corpus.txt", 60_000)
+    trace_dir = root / "worker-trace"
+    trace_dir.mkdir()
+    import ray
+
+    real_init = ray.init
+
+    def init(*args, runtime_env=None, **kwargs):  # the local Ray's workers run its setup hook, then the tracer
+        runtime_env = dict(runtime_env or {})
+        runtime_env["worker_process_setup_hook"] = worker_hook(str(trace_dir),
+                                                               runtime_env.get("worker_process_setup_hook"))
+        return real_init(*args, runtime_env=runtime_env, **kwargs)
+
+    ray.init = init
+    start_local_ray(configure_logging=False)
+    common = [f"run.output_dir={root}"]
+    if cli.main(["data", "prepare", "--set", f"data.inputs=[{corpus}]", "--set", "data.max_seq_length=64",
+                 "--set", "tokenizer.vocab_size=500", *sum((["--set", s] for s in common), [])]) != 0:
+        return 1
+    driver: list[str] = []
+    sys.setprofile(tracer(driver))
+    try:
+        status = cli.main(["pretrain", *sum((["--set", s] for s in common + [
+            "run.name=trace", "scaling.num_workers=1", "scaling.cpus_per_worker=1", "model.hidden_size=64",
+            "model.num_attention_heads=2", "model.intermediate_size=128", "model.embedding_size=32",
+            "model.num_hidden_layers=2", "train.max_steps=2", "train.warmup_steps=1", "train.batch_size=4",
+            "train.eval_every=2", "train.checkpoint_every=2", "train.eval_batches=1", "train.precision=fp32"]), [])])
+    finally:
+        sys.setprofile(None)
+    if status != 0:
+        return status
+    worker = next((w for w in (json.loads(p.read_text()) for p in trace_dir.glob("*.json"))
+                   if "--first-step--" in w), None)
+    if worker is None:
+        print("no worker reached an optimizer step (the worker setup hook did not run?)", file=sys.stderr)
+        return 1
+    fit_at = driver.index("--fit--")  # the driver hands over to the worker there
+    first_step = driver[:fit_at] + worker[:worker.index("--first-step--")]
+    saved = driver[:fit_at] + worker + driver[fit_at:]
+    for label, path in (("to the first optimizer step", first_step), ("to the saved model", saved)):
+        path = [p for p in path if not p.startswith("--")]
+        path = [p for i, p in enumerate(path) if i == 0 or p != path[i - 1]]
+        files, visits, reentries = summary(path)
+        print(f"{label}: {files} files, {visits} visits, {reentries} re-entries")
+        if args.show:
+            print("  " + " → ".join(p.removeprefix("albert_dist/") for p in path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
