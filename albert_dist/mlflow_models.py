@@ -24,7 +24,6 @@ MODEL_ARTIFACT = "model_dir"
 # `model` artifacts together with a LoggedModel of that name, which it looks up in the *default* tracking store, so
 # `MlflowClient(uri).list_artifacts(run, "model")` failed ("Logged model ... not found") unless $MLFLOW_TRACKING_URI
 # happened to name the run's store.
-MODEL_NAME = "albert_model"
 TEXT, TEXT_PAIR = "text", "text_pair"
 BATCH_SIZE = 64
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
@@ -85,9 +84,10 @@ class EncoderModel(_DataFrameModel):
         return pd.DataFrame({"embedding": embeddings})
 
 
-def log_model(tracking_uri: str, run_id: str, model_dir: str | Path, python_model: mlflow.pyfunc.PythonModel, *,
+def log_model(tracking_uri: str, run_id: str, model_dir: str | Path, python_model: mlflow.pyfunc.PythonModel,
+              name: str, *,
               step: int, register_as: str | None = None) -> str:
-    """Log `model_dir` as the run's MLflow model, linked to the run's metrics of `step` (its final evaluation)
+    """Log `model_dir` as the run's MLflow model `name`, linked to the run's metrics of `step` (its final evaluation)
     and registered under `register_as` when given; returns its model id."""
     from mlflow.models import Model, ModelSignature
     from mlflow.types import ColSpec, Schema
@@ -95,7 +95,7 @@ def log_model(tracking_uri: str, run_id: str, model_dir: str | Path, python_mode
     columns = [TEXT, TEXT_PAIR] if getattr(python_model, "pair", False) else [TEXT]
     with _fluent_api_on(tracking_uri, run_id), _quiet_mlflow():
         # Model.log rather than pyfunc.log_model: it takes the run id, so no fluent run is opened (and ended) here
-        info = Model.log(artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, run_id=run_id, step=step,
+        info = Model.log(artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, step=step,
                          registered_model_name=register_as or None, python_model=python_model,
                          artifacts={MODEL_ARTIFACT: str(model_dir)},
                          signature=ModelSignature(inputs=Schema([ColSpec("string", c) for c in columns])),

@@ -189,5 +189,5 @@ def _summary(cfg: PretrainJobConfig, outcome: JobOutcome) -> list[str]:
 
 
 PRETRAIN = TrainingJob("pretrain", PretrainJobConfig, plan, lambda cfg: mlflow_models.EncoderModel(), _summary,
-                       instead=_range_test_instead)
+                       "pretrained",                       instead=_range_test_instead)
 pretrain = PRETRAIN.run

@@ -95,7 +95,7 @@ def train_sentencepiece(
         for suffix, name in ((".vocab", SPIECE_VOCAB_FILE), (".model", SPIECE_FILE)):
             publish_file(out_dir / name, lambda tmp: shutil.copyfile(prefix.with_suffix(suffix), tmp),
                          error=TokenizerError)
-    progress(f"sentencepiece: wrote {out_dir / SPIECE_FILE} ({vocab_size} pieces)")
+    progress(f"sentencepiece: trained {vocab_size} pieces")  # where it goes is the caller's to say (a staging copy)
     return out_dir / SPIECE_FILE
 
 
@@ -205,7 +205,7 @@ def train_wordpiece(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _WordPieceBackend(tokens, str(out_dir)).save_files(out_dir)
-    progress(f"wordpiece: wrote {out_dir / WORDPIECE_FILE} ({len(tokens)} tokens, {len(cjk)} CJK characters)")
+    progress(f"wordpiece: trained {len(tokens)} tokens, {len(cjk)} CJK characters")  # the caller says where
     return out_dir / WORDPIECE_FILE
 
 

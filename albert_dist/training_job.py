@@ -74,6 +74,7 @@ class TrainingJob:
     plan: Callable[[Any], Plan]  # pre-flight checks and the plan; raises ConfigError on bad input
     mlflow_model: Callable[[Any], Any]  # the pyfunc model the published model is logged as
     summary: Callable[[Any, JobOutcome], list[str]]  # the lines `main` ends on
+    model_kind: str  # the MLflow model's name is `<run.name>-<model_kind>` ("albert-tiny-zh-pretrained")
     instead: Callable[[Any], int | None] = lambda cfg: None  # an exit status: run that instead of training
 
     def run(self, cfg, callbacks: list | None = None) -> JobOutcome:
@@ -123,7 +124,7 @@ def run_job(job: TrainingJob, cfg, callbacks: list | None = None) -> JobOutcome:
             final = plan.evaluate(local_model) if plan.evaluate else {}
             if final:
                 run.log_metrics(final, step)
-            run.log_model(job.mlflow_model(cfg), step)
+            run.log_model(job.mlflow_model(cfg), step, f"{cfg.run.name}-{job.model_kind}")
     best = cfg.run.locate(checkpointing.BEST_MODEL) if plan.train.publish == "last" else None
     return JobOutcome(model_dir, best, run.uri, run.run_id, result.metrics, {**result.metrics, **final},
                       plan.label_names)

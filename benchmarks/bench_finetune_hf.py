@@ -1,7 +1,7 @@
 """Fine-tuning, whole command against whole command: `albert-dist finetune` (Ray Train, one worker with 2 CPUs)
 against transformers' `Trainer` (AlbertForSequenceClassification, 2 torch threads), on a real Chinese short-text
 sentiment set, from the same initial weights, with the same data, epochs, batch size, learning rate, warmup,
-weight decay, sequence length and batching (issue 15).
+weight decay, sequence length and batching.
 
     pip install -e .[bench]                                     # transformers + accelerate (Trainer needs it)
     python benchmarks/bench_finetune_hf.py                      # the full measurement: 2 rounds

@@ -1,4 +1,4 @@
-"""What pretraining buys on a real Chinese short-text classification set (issue 17): `albert-dist finetune` from a
+"""What pretraining buys on a real Chinese short-text classification set: `albert-dist finetune` from a
 pretrained model and from a random init of the same shape (same vocab.txt), on the same data, steps, rate and
 seeds, and the difference in dev accuracy.
 

@@ -70,7 +70,8 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     out = subprocess.run([str(Path(sys.executable).parent / "albert-dist"), "demo",
                           *[a for s in sets for a in ("--set", s)]], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=2400)  # a guard against a hang: CI runs it beside the local cluster
-    log = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # without Ray's colours
+    log = out.stdout + out.stderr
+    assert "\x1b[" not in log, log[-6000:]  # a pipe gets no colour codes (Ray's worker prefixes included)
     (tmp_path / "demo.log").write_text(log)  # for a look after a failure
     assert out.returncode == 0, log[-6000:]
     for stage in range(1, 7):
@@ -114,6 +115,8 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     # live tables; no error-level line, no library's INFO or deprecation lines (they go to the hidden log)
     lines = log.splitlines()
     assert len(lines) < 80, log
+    # no internal staging paths, no Python dicts: what a reader can act on
+    assert ".publish." not in log and "{'" not in log, log
     assert len([line for line in lines if line.startswith("sweep: trial ")]) == 2 and "Trial status" not in log
     assert not [line for line in lines if ERROR_OR_INFO_LINE.search(line)], log
     # Ray's own lines went to the one file named once

@@ -129,6 +129,8 @@ def test_final_models_are_logged_linked_and_registered(jobs, server, job, regist
     models = [m for m in c.search_logged_models([experiment_id]) if m.source_run_id == run_id]
     assert len(models) == 1
     model = models[0]
+    kind = {"pretrain": "pretrained", "finetune": "finetuned", "distill": "distilled"}[job]
+    assert model.name == f"{c.get_run(run_id).info.run_name}-{kind}"  # the Models page tells the jobs apart
     assert str(model.status) == "READY"
     assert final_metric in {m.key for m in model.metrics}  # the Models tab shows the final metrics
     versions = c.search_model_versions(f"name='{registered}'")

@@ -322,5 +322,5 @@ def _summary(cfg: DistillJobConfig, outcome: JobOutcome) -> list[str]:
             f"student model: {outcome.model_dir}"]
 
 
-DISTILL = TrainingJob("distill", DistillJobConfig, plan, job.classifier_model, _summary)
+DISTILL = TrainingJob("distill", DistillJobConfig, plan, job.classifier_model, _summary, "distilled")
 distill = DISTILL.run

@@ -199,5 +199,5 @@ def _summary(cfg: FinetuneJobConfig, outcome: JobOutcome) -> list[str]:
             "  " + " | ".join(f"{k} {v:.4f}" for k, v in final.items()), f"model: {outcome.model_dir}"]
 
 
-FINETUNE = TrainingJob("finetune", FinetuneJobConfig, plan, classifier_model, _summary)
+FINETUNE = TrainingJob("finetune", FinetuneJobConfig, plan, classifier_model, _summary, "finetuned")
 finetune = FINETUNE.run

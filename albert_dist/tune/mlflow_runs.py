@@ -76,9 +76,9 @@ class ChildCloser(tune.Callback):
 
 
 def publish_best(parent: tracking.JobRun, metric: str, best: dict[str, Any], params: list[str],
-                 files: list[Path], job) -> None:
+                 files: list[Path], job, name: str) -> None:
     """Tag the parent with the best trial (id, metric, config), attach the sweep's files and log the best model
-    (published) as the parent's MLflow model, registered when the job's `tracking.register_model` names a model."""
+    (published) as the parent's MLflow model `<name>-best`, registered when the job's `tracking.register_model` names a model."""
     from albert_dist.finetune.job import classifier_model
 
     client, parent_id = MlflowClient(tracking_uri=parent.uri), parent.run_id
@@ -89,4 +89,4 @@ def publish_best(parent: tracking.JobRun, metric: str, best: dict[str, Any], par
         client.log_metric(parent_id, f"best_{metric}", best[metric], step=0)
         for path in files:
             client.log_artifact(parent_id, str(path))
-    parent.log_model(classifier_model(job), step=0, files=False)
+    parent.log_model(classifier_model(job), step=0, name=f"{name}-best", files=False)

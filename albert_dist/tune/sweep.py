@@ -105,7 +105,7 @@ def publish(cfg: TuneJobConfig, results, parent: JobRun) -> SweepOutcome:
     parent.published(best_model)
     files = [report.write_csv(rows, sweep_dir / "trials.csv"),
              report.plot(rows, cfg.distributions, metric, sweep_dir / "trials.png"), best_config]
-    mlflow_runs.publish_best(parent, metric, best, names, files, cfg.job)
+    mlflow_runs.publish_best(parent, metric, best, names, files, cfg.job, cfg.run.name)
     return SweepOutcome(rows, best, best_config, best_model, parent.uri, parent.run_id)
 
 
