@@ -231,6 +231,8 @@ def main() -> None:
                                                         "docstrings) or a text file of blank-line separated documents")
     parser.add_argument("--zh-path", default="/work/corpora/zh_fortunes.txt")
     parser.add_argument("--data-root", default="/tmp/albert-recipes")
+    parser.add_argument("--prepared", type=Path, help="train on this prepared data (e.g. data prepare's with "
+                                                        "jobs/configs/prepare_zh.yaml) instead of preparing --corpus")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--short-seq", type=int, help="also prepare the corpus at this length with the --seq data's "
@@ -256,7 +258,8 @@ def main() -> None:
                         help="only print how far each arm's optimizer moves the weights in its first step")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data_dir = prepare(Path(args.data_root), args.corpus, args.zh_path, args.seq, args.vocab, args.eval_fraction)
+    data_dir = args.prepared or prepare(Path(args.data_root), args.corpus, args.zh_path, args.seq, args.vocab,
+                                        args.eval_fraction)
     if args.short_seq:
         prepare(Path(args.data_root), args.corpus, args.zh_path, args.short_seq, args.vocab, args.eval_fraction,
                 tokenizer_of=data_dir)
