@@ -177,7 +177,8 @@ class TokenizerSection(Section):
 
 class MaskingSection(Section):
     """Masked-LM masking, drawn at training time (pretraining's `masking:`). Pretraining's held-out evaluation
-    draws its fixed masks as the data was prepared (data prepare's `masking:`), so runs compare on the same ones."""
+    draws its fixed masks as the data was prepared (data prepare's `masking:`), so runs compare on the same ones,
+    and shows [MASK] at every one of them (no random or kept token a model could copy)."""
 
     key_hints = {"static": "static masks are chosen when preparing the data: data prepare's masking.static"}
 

@@ -198,8 +198,8 @@ def _summary(pre, ft, scratch, ds, sweep_table: str | None, ui: str) -> None:
     nan = float("nan")
     print("\n=== albert-dist demo: results ===")
     print(f"pretraining   eval MLM accuracy {p.get('eval_mlm_accuracy', nan):.3f} (unigram baseline "
-          f"{p.get('eval_mlm_unigram_baseline', nan):.3f}), eval SOP accuracy {p.get('eval_sop_accuracy', nan):.3f} "
-          f"(chance 0.5)  → {pre.model_dir}")
+          f"{p.get('eval_mlm_unigram_baseline', nan):.3f}) where the input shows [MASK], eval SOP accuracy "
+          f"{p.get('eval_sop_accuracy', nan):.3f} (chance 0.5)  → {pre.model_dir}")
     pretrained, random_init = ft.metrics["dev_accuracy"], scratch.metrics["dev_accuracy"]
     print(f"pretrained vs random init: fine-tuned dev accuracy {pretrained:.3f} from the pretrained model, "
           f"{random_init:.3f} from a random init (same steps): {100 * (pretrained - random_init):+.1f} points")

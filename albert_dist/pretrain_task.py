@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from albert_dist.config import MaskingSection
+from albert_dist.data.masking import IGNORE_INDEX
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 from albert_dist.train.feed import rank_batches
 from albert_dist.train.loop import TaskSpec, TrainingTask
@@ -66,8 +67,9 @@ class PretrainingTask(TrainingTask):
         self.plateau_warning_after = spec.plateau_warning_after
         self.collator = MaskingCollator.from_manifest(spec.manifest, spec.masking)
         # held-out masks are drawn as the data was prepared (data prepare's masking:), whatever masking: trains
-        # with: runs that train on other masks (a higher rate, single tokens) are scored on the same positions
-        self.eval_collator = MaskingCollator.from_manifest(spec.manifest)
+        # with: runs that train on other masks (a higher rate, single tokens) are scored on the same positions.
+        # Each of them shows [MASK], as fill-mask is measured elsewhere: a token left visible is scored by copying
+        self.eval_collator = MaskingCollator.from_manifest(spec.manifest, mask_all=True)
         self._tokenizer = None
 
     def build_model(self) -> torch.nn.Module:
@@ -84,28 +86,32 @@ class PretrainingTask(TrainingTask):
                     **{key: batch[key] for key in PACKED_INPUTS if key in batch})
         n_masked = out.mlm_labels.numel()
         n_pairs = batch["sentence_order_label"].numel()
+        # accuracy counts only the predictions whose input shows [MASK]: a random or kept token is no test
+        shows_mask = batch["input_ids"][batch["labels"] != IGNORE_INDEX] == self.collator.mask_id
         stats = {
             "mlm_loss_sum": out.mlm_loss.detach() * n_masked,
-            "mlm_correct": (out.prediction_logits.argmax(-1) == out.mlm_labels).sum(),
+            "mlm_correct": ((out.prediction_logits.argmax(-1) == out.mlm_labels) & shows_mask).sum(),
             "mlm_count": float(n_masked),
+            "mlm_shown": shows_mask.sum(),
             "sop_loss_sum": out.sop_loss.detach() * n_pairs,
             "sop_correct": (out.sop_logits.argmax(-1) == batch["sentence_order_label"]).sum(),
             "sop_count": float(n_pairs),
         }
         if not model.training:  # evaluation: the label histogram gives the split's unigram baseline
-            stats["mlm_label_counts"] = torch.bincount(out.mlm_labels.detach().cpu(),
+            stats["mlm_label_counts"] = torch.bincount(out.mlm_labels[shows_mask].detach().cpu(),
                                                        minlength=self.collator.vocab_size)
         return out.loss, stats
 
     def summarize(self, sums):
         mlm_n, sop_n = max(1.0, sums.get("mlm_count", 0.0)), max(1.0, sums.get("sop_count", 0.0))
+        shown = max(1.0, sums.get("mlm_shown", 0.0))
         mlm_loss, sop_loss = sums.get("mlm_loss_sum", 0.0) / mlm_n, sums.get("sop_loss_sum", 0.0) / sop_n
         metrics = {"loss": mlm_loss + sop_loss, "mlm_loss": mlm_loss, "sop_loss": sop_loss,
-                   "mlm_accuracy": sums.get("mlm_correct", 0.0) / mlm_n,
+                   "mlm_accuracy": sums.get("mlm_correct", 0.0) / shown,
                    "sop_accuracy": sums.get("sop_correct", 0.0) / sop_n}
         if "mlm_label_counts" in sums:
             # always predicting the most frequent masked piece: the accuracy a model that learned nothing reaches
-            metrics["mlm_unigram_baseline"] = max(sums["mlm_label_counts"]) / mlm_n
+            metrics["mlm_unigram_baseline"] = max(sums["mlm_label_counts"]) / shown
         return metrics
 
     def evaluation_line(self, metrics: dict[str, float]) -> str:
@@ -136,7 +142,8 @@ class PretrainingTask(TrainingTask):
 
     def eval_batches(self):
         """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it
-        divides the batch size), each masked as the data was prepared by a generator seeded with its row number:
+        divides the batch size), each masked as the data was prepared by a generator seeded with its row number,
+        every masked position [MASK]:
         the same positions at every evaluation, after a resume, with any number of workers and whatever masks
         training draws, so the metrics compare over time and across runs."""
         if not self.spec.has_eval:

@@ -4,8 +4,8 @@ Each arm trains the `tiny` preset (or `--preset`) from the same seed with the sh
 `PretrainingTask`, in this process (no Ray Train: the data is prepared once with Ray Data, then read into memory),
 on a real corpus, and evaluates every `--eval-every` steps on the held-out split with fixed masks. It prints the
 steps (and tokens) each arm needs to reach held-out MLM accuracy 0.20 / 0.30 and SOP accuracy 0.65 / 0.75, the
-unigram baseline of the held-out masks, and the wall time measured alongside (the machine may be shared: compare
-arms by steps, not seconds).
+unigram baseline of the held-out masks (each of them shows [MASK]: nothing to copy), and the wall time measured
+alongside (the machine may be shared: compare arms by steps, not seconds).
 
     python benchmarks/bench_recipes.py --corpus zh --steps 400 \
         --arm lamb-2e-3="train.optimizer=lamb train.learning_rate=2e-3 train.warmup_steps=30" \
@@ -162,7 +162,8 @@ def evaluated_with_masking(task, own_eval_batches, manifest: dict, overrides: li
     single-token masks, as transformers' MLM collator draws them) instead of as the data was prepared."""
     from albert_dist.data.masking import MaskingCollator
 
-    eval_collator = MaskingCollator.from_manifest(manifest, load_config(PretrainJobConfig, None, overrides).masking)
+    eval_collator = MaskingCollator.from_manifest(manifest, load_config(PretrainJobConfig, None, overrides).masking,
+                                                  mask_all=True)
 
     def masked_for_evaluation():
         own_collator, task.eval_collator = task.eval_collator, eval_collator
@@ -230,6 +231,8 @@ def main() -> None:
                                                         "docstrings) or a text file of blank-line separated documents")
     parser.add_argument("--zh-path", default="/work/corpora/zh_fortunes.txt")
     parser.add_argument("--data-root", default="/tmp/albert-recipes")
+    parser.add_argument("--prepared", type=Path, help="train on this prepared data (e.g. data prepare's with "
+                                                        "jobs/configs/prepare_zh.yaml) instead of preparing --corpus")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--short-seq", type=int, help="also prepare the corpus at this length with the --seq data's "
@@ -255,7 +258,8 @@ def main() -> None:
                         help="only print how far each arm's optimizer moves the weights in its first step")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data_dir = prepare(Path(args.data_root), args.corpus, args.zh_path, args.seq, args.vocab, args.eval_fraction)
+    data_dir = args.prepared or prepare(Path(args.data_root), args.corpus, args.zh_path, args.seq, args.vocab,
+                                        args.eval_fraction)
     if args.short_seq:
         prepare(Path(args.data_root), args.corpus, args.zh_path, args.short_seq, args.vocab, args.eval_fraction,
                 tokenizer_of=data_dir)

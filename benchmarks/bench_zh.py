@@ -104,8 +104,8 @@ def pretrain_arm(work: Path, arm: str, steps: int, batch_size: int) -> Path:
 
 
 def held_out_accuracy(model_dir: Path, data_dir: Path, limit: int, seed: int = 0) -> dict[str, float]:
-    """MLM accuracy (masked tokens) and SOP accuracy on the first `limit` held-out instances of `data_dir`,
-    masked with a fixed seed: the same inputs for every model."""
+    """MLM accuracy (masked tokens, every one shown as [MASK]) and SOP accuracy on the first `limit` held-out
+    instances of `data_dir`, masked with a fixed seed: the same inputs for every model."""
     import torch
 
     from albert_dist.data import MaskingCollator, batch_rng, load_prepared
@@ -113,7 +113,7 @@ def held_out_accuracy(model_dir: Path, data_dir: Path, limit: int, seed: int = 0
 
     data = load_prepared(data_dir)
     model = AlbertForPreTraining.from_pretrained(model_dir)
-    collator = MaskingCollator.from_manifest(data.manifest)
+    collator = MaskingCollator.from_manifest(data.manifest, mask_all=True)
     rows = data.eval.take_batch(limit, batch_format="numpy")
     correct = total = sop_correct = 0
     for start in range(0, len(rows["input_ids"]), 64):

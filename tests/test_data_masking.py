@@ -103,3 +103,21 @@ def test_static_masks_round_trip_through_the_collator(english_tokenizer, stdlib_
         assert labels[positions].tolist() == ids.tolist()
         assert (labels != IGNORE_INDEX).sum() == len(positions)
         assert batch["input_ids"][row][positions].tolist() == ids.tolist()
+
+
+def test_mask_all_shows_mask_at_every_chosen_position_dynamic_or_static(english_tokenizer, stdlib_corpus):
+    """Held-out evaluation's masks: the positions the 80/10/10 masks choose, each shown as [MASK] (none random or
+    kept, which a model could copy), also from static masks written 80/10/10; the rest of the input unchanged."""
+    docs = stdlib_corpus.read_text(encoding="utf-8").split("\n\n")[:50]
+    static = collator(english_tokenizer, static=True)
+    for batch in (instance_batch(english_tokenizer, docs), instance_batch(english_tokenizer, docs, collator=static)):
+        drawn = collator(english_tokenizer)(batch, batch_rng(3, 0, 0, 0))
+        every = collator(english_tokenizer)
+        every.mask_all = True
+        shown = every(batch, batch_rng(3, 0, 0, 0))
+        assert torch.equal(shown["labels"], drawn["labels"])
+        chosen = shown["labels"].numpy() != IGNORE_INDEX
+        ids, drawn_ids = shown["input_ids"].numpy(), drawn["input_ids"].numpy()
+        assert chosen.sum() > 100 and (ids[chosen] == english_tokenizer.mask_id).all()
+        assert (drawn_ids[chosen] != english_tokenizer.mask_id).mean() > 0.1  # what 80/10/10 left visible
+        assert np.array_equal(ids[~chosen], originals(batch, ids.shape[1])[~chosen])

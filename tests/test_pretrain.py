@@ -157,6 +157,53 @@ def test_held_out_masks_are_the_same_every_time_with_any_number_of_workers_and_t
     assert masked_share[1] > 1.5 * masked_share[0], masked_share  # while it trains on its own masks
 
 
+class CopyingModel(torch.nn.Module):
+    """A "model" that learned nothing: it predicts each masked position's input token, and where that is [MASK]
+    the most frequent held-out piece; SOP always "in order"."""
+
+    def __init__(self, mask_id: int, most_frequent: int, vocab_size: int):
+        super().__init__()
+        self.mask_id, self.most_frequent, self.vocab_size = mask_id, most_frequent, vocab_size
+        self.unused = torch.nn.Parameter(torch.zeros(1))  # the trainer's optimizer wants a parameter
+
+    def forward(self, input_ids, labels, sentence_order_label, **_):
+        from types import SimpleNamespace
+
+        guess = input_ids[labels != -100]
+        guess = torch.where(guess == self.mask_id, self.most_frequent, guess)
+        zero = self.unused.sum() * 0
+        return SimpleNamespace(
+            loss=zero, mlm_loss=zero, sop_loss=zero, mlm_labels=labels[labels != -100],
+            prediction_logits=torch.nn.functional.one_hot(guess, self.vocab_size).float(),
+            sop_logits=torch.zeros(len(sentence_order_label), 2))
+
+
+def test_held_out_mlm_accuracy_is_measured_on_mask_and_a_copying_model_stays_on_the_baseline(prepared, ray_session):
+    """Every scored held-out position shows [MASK] (a token left visible could be copied), and a model that copies
+    its input scores no more than the unigram baseline beside it, even on inputs masked 80/10/10 (as static masks
+    prepared that way are): only the positions showing [MASK] are scored."""
+    from albert_dist.pretrain_task import PretrainingTask
+    from albert_dist.train.loop import Trainer, WorkerEnv
+
+    task, cfg = in_process_task(prepared)
+    mask_id = task.collator.mask_id
+    rows = eval_rows([task])
+    assert all(ids[i] == mask_id for ids, labels in rows for i, label in enumerate(labels) if label != -100)
+    labels = [label for _, row in rows for label in row if label != -100]
+    most_frequent = max(set(labels), key=labels.count)
+
+    class Copying(PretrainingTask):
+        def build_model(self):
+            return CopyingModel(mask_id, most_frequent, self.collator.vocab_size)
+
+    task.__class__ = Copying
+    for collator in (task.eval_collator, type(task.eval_collator).from_manifest(task.spec.manifest)):
+        task.eval_collator = collator  # the held-out masks, and the same positions drawn 80/10/10
+        metrics = Trainer(task, cfg.train, WorkerEnv(print_fn=lambda _: None)).evaluate()
+        assert 0 < metrics["eval_mlm_accuracy"] <= metrics["eval_mlm_unigram_baseline"] + 1e-9, metrics
+    assert metrics["eval_mlm_unigram_baseline"] < 0.5  # the copies would have lifted an all-positions meter
+
+
 def trainer_output(root: Path, *extra: str, task_type=None) -> tuple[dict, list[str]]:
     from albert_dist.train.loop import Trainer, WorkerEnv
 

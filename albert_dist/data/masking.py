@@ -2,7 +2,8 @@
 
 Whole-word n-gram masking as ALBERT: candidates are whole words (specials and padding never), spans of n = 1..
 `max_ngram` words with p(n) ∝ 1/n, about `mlm_probability` of the candidate tokens per sequence (at most
-`max_predictions_per_seq`), of those 80% → [MASK], 10% → a random non-special token, 10% unchanged.
+`max_predictions_per_seq`), of those 80% → [MASK], 10% → a random non-special token, 10% unchanged (or, with
+`mask_all`, all [MASK]: held-out evaluation, where a token left visible could simply be copied).
 
 google picks span starts one at a time and rejects overlaps, a Python loop per sequence. Here each row's words are
 cut into consecutive spans with lengths drawn from p(n); spans are taken in random order while the running token
@@ -56,13 +57,14 @@ class MaskingCollator:
 
     def __init__(self, *, vocab_size: int, pad_id: int, mask_id: int, special_ids: Iterable[int],
                  mlm_probability: float = 0.15, max_predictions_per_seq: int = 20, max_ngram: int = 3,
-                 whole_word: bool = True, pad_to_multiple_of: int = 8):
+                 whole_word: bool = True, pad_to_multiple_of: int = 8, mask_all: bool = False):
         self.vocab_size, self.pad_id, self.mask_id = vocab_size, pad_id, mask_id
         self.special_ids = np.array(sorted(set(special_ids) | {pad_id}), np.int64)
         self.mlm_probability = mlm_probability
         self.max_predictions = max_predictions_per_seq
         self.whole_word = whole_word
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.mask_all = mask_all
         self.ngrams = np.arange(1, max_ngram + 1)
         self.ngram_p = (1.0 / self.ngrams) / (1.0 / self.ngrams).sum()
         self.random_ids = np.setdiff1d(np.arange(vocab_size), self.special_ids)
@@ -74,12 +76,12 @@ class MaskingCollator:
                    special_ids=tokenizer.special_ids, **_masking_kwargs(masking))
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any], masking=None) -> "MaskingCollator":
+    def from_manifest(cls, manifest: Mapping[str, Any], masking=None, mask_all: bool = False) -> "MaskingCollator":
         """From a prepared dataset's manifest; `masking` (a `MaskingSection`) overrides the one it was made with."""
         tok = manifest["tokenizer"]
         settings = masking.model_dump() if masking is not None else manifest["config"]["masking"]
         return cls(vocab_size=tok["vocab_size"], pad_id=tok["pad_id"], mask_id=tok["mask_id"],
-                   special_ids=tok["special_ids"], **_masking_kwargs(settings))
+                   special_ids=tok["special_ids"], mask_all=mask_all, **_masking_kwargs(settings))
 
     # ---- masking ----
 
@@ -187,6 +189,8 @@ class MaskingCollator:
             word_start = pad_ragged(batch["word_start"], 0, width, bool)[0] if "word_start" in batch else None
             mask = self.mask if isinstance(rng, np.random.Generator) else self.mask_rows
             masked_ids, labels = mask(input_ids, lengths, word_start, rng)
+        if self.mask_all:  # after drawing: the same positions either way, and static masks written 80/10/10 too
+            masked_ids = np.where(labels != IGNORE_INDEX, self.mask_id, masked_ids)
         attention_mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
         return {"input_ids": torch.from_numpy(masked_ids),
                 "attention_mask": torch.from_numpy(attention_mask),

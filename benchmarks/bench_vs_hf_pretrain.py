@@ -1,0 +1,224 @@
+"""Pretraining at equal wall time against transformers' Trainer, both scored by the same code.
+
+Ours: `albert-dist data prepare` and `albert-dist pretrain` on their shipped configs (prepare_zh.yaml and
+pretrain_zh.yaml for Chinese, prepare_data.yaml and pretrain_tiny.yaml for English; `--ours-set` adds overrides,
+e.g. a shorter `train.max_steps`), the commands run in this process on one local Ray started beforehand (Ray gives
+a node 30 s to come up, which a busy shared machine can miss: it is started until it comes up), `pretrain` timed
+from its call to its return. Theirs, as transformers' `run_mlm` example trains:
+`AlbertForMaskedLM` of the same shape (our export's config.json) and the same vocabulary (our export's tokenizer,
+through `AutoTokenizer`), the same training text tokenized raw and grouped into 128-token blocks,
+`DataCollatorForLanguageModeling` (15 %, 80/10/10), AdamW with a linear schedule, batch 16 (ours: 2 workers x 8),
+all the machine's CPUs, given ours' wall time for its `Trainer.train()` alone (tokenizing and saving not counted:
+in its favour), once per learning rate in `--hf-lrs`, the best kept (chosen on the held-out text it is scored on:
+in its favour too). Its `max_steps`, which sets the schedule's end, comes from a timed probe of 5 steps.
+
+The corpus (blank-line separated documents, one paragraph a line: `benchmarks/corpora.py` writes them) is split
+by document: every `--heldout-every`-th document is held out from both, the rest is what both train on. Both
+exports are scored by `eval_hf_mlm.score`: transformers, raw held-out paragraphs through the export's
+`AutoTokenizer` (cut at 128 tokens), 15 % single tokens every one shown as [MASK], the same positions for both,
+next to their unigram baseline.
+
+    apt-get install -y manpages-zh && python benchmarks/corpora.py zh-manpages /tmp/zh_manpages.txt
+    pip install -e .[bench]
+    python benchmarks/bench_vs_hf_pretrain.py --corpus /tmp/zh_manpages.txt --language zh
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import transformers
+
+from bench_finetune_hf import REPO, machine
+
+CONFIGS = {"zh": ("prepare_zh.yaml", "pretrain_zh.yaml"), "en": ("prepare_data.yaml", "pretrain_tiny.yaml")}
+BLOCK = 128
+HF_BATCH = 16
+
+
+def split_corpus(corpus: Path, work: Path, every: int) -> tuple[Path, Path]:
+    """(training text, held-out text): every `every`-th document held out."""
+    documents = [d for d in corpus.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    held = [d for i, d in enumerate(documents) if i % every == every - 1]
+    train = [d for i, d in enumerate(documents) if i % every != every - 1]
+    (work / "train.txt").write_text("\n\n".join(train) + "\n", encoding="utf-8")
+    (work / "heldout.txt").write_text("\n".join(held) + "\n", encoding="utf-8")
+    return work / "train.txt", work / "heldout.txt"
+
+
+def start_ray(attempts: int = 10, pause_s: float = 30.0) -> None:
+    """A local Ray, started again (after a pause) while its node misses Ray's 30 s start-up limit. A failed start
+    leaves its GCS, dashboard and log monitor running, which ray.shutdown() does not stop: they are killed, or
+    each retry would add to the load that made it fail."""
+    import psutil
+    import ray
+
+    from albert_dist.ray_init import start_local_ray
+
+    for attempt in range(attempts):
+        before = {child.pid for child in psutil.Process().children(recursive=True)}
+        try:
+            start_local_ray(configure_logging=False, include_dashboard=False)  # fewer processes to start
+            return
+        except Exception as err:  # ray raises a bare Exception on a node start-up timeout
+            ray.shutdown()
+            for child in psutil.Process().children(recursive=True):
+                if child.pid not in before:
+                    child.kill()
+            if attempt == attempts - 1 or "timed out during startup" not in str(err):
+                raise
+            time.sleep(pause_s)
+
+
+def cli(*args: str) -> None:
+    from albert_dist.cli import main as albert_dist
+
+    if albert_dist([str(a) for a in args]):
+        raise SystemExit(f"albert-dist {args[0]} failed")
+
+
+def run_ours(args, work: Path, train_text: Path) -> dict:
+    prepare, pretrain = CONFIGS[args.language]
+    common = ["--set", f"run.output_dir={work}", "--set", "data.output=prepared"]
+    if not (work / "prepared" / "manifest.json").exists():
+        cli("data", "prepare", "--config", REPO / "jobs/configs" / prepare, *common, "--set",
+            f"data.inputs=[{train_text}]")
+    overrides = [a for s in args.ours_set for a in ("--set", s)]
+    name = f"ours-{time.strftime('%H%M%S')}"  # a run of its own, not a resume of an earlier one
+    started = time.perf_counter()
+    cli("pretrain", "--config", REPO / "jobs/configs" / pretrain, *common, "--set", f"run.name={name}", *overrides)
+    seconds = time.perf_counter() - started
+    from albert_dist.config import PretrainJobConfig, load_config
+    from albert_dist.data.loading import load_prepared
+
+    cfg = load_config(PretrainJobConfig, REPO / "jobs" / "configs" / pretrain, list(args.ours_set))
+    steps = cfg.train.max_steps
+    lengths = pq.read_table(load_prepared(work / "prepared").shard_paths("train")).column("input_ids")
+    mean_length = sum(len(chunk.values) for chunk in lengths.chunks) / len(lengths)
+    batch = cfg.train.batch_size * cfg.scaling.num_workers * cfg.train.grad_accum_steps
+    return {"seconds": seconds, "steps": steps, "tokens": steps * batch * mean_length,
+            "model": str(work / name / "model")}
+
+
+class TimeLimit(transformers.TrainerCallback):
+    """Stops training once `seconds` have passed since it began."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.started = seconds, 0.0
+
+    def on_train_begin(self, *_, **__):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, _args, _state, control, **__):
+        if time.perf_counter() - self.started >= self.seconds:
+            control.should_training_stop = True
+
+
+def hf_blocks(tokenizer, train_text: Path) -> list[dict]:
+    """run_mlm's preprocessing: each line tokenized (with its specials), all concatenated, cut into blocks."""
+    lines = [line for line in train_text.read_text(encoding="utf-8").splitlines() if line.strip()]
+    ids = [i for encoded in tokenizer(lines)["input_ids"] for i in encoded]
+    return [{"input_ids": ids[start:start + BLOCK]} for start in range(0, len(ids) - BLOCK + 1, BLOCK)]
+
+
+def run_hf(args, work: Path, train_text: Path, ours: dict, lr: float) -> dict:
+    import torch
+
+    torch.manual_seed(args.seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ours["model"])
+    blocks = hf_blocks(tokenizer, train_text)
+    config = transformers.AlbertConfig.from_pretrained(ours["model"])
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15)
+
+    def trainer(out: Path, max_steps: int, callbacks=()):
+        training = transformers.TrainingArguments(
+            output_dir=str(out), per_device_train_batch_size=HF_BATCH, learning_rate=lr, max_steps=max_steps,
+            lr_scheduler_type="linear", optim="adamw_torch", logging_steps=50, save_strategy="no",
+            report_to=[], seed=args.seed, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+        model = transformers.AlbertForMaskedLM(config)
+        return transformers.Trainer(model=model, args=training, train_dataset=blocks, data_collator=collator,
+                                    callbacks=list(callbacks))
+
+    probe = trainer(work / "hf-probe", 5)
+    started = time.perf_counter()
+    probe.train()
+    per_step = (time.perf_counter() - started) / 5
+    max_steps = max(10, int(ours["seconds"] / per_step))
+    out = work / f"hf-{lr:g}"
+    run = trainer(out, max_steps, [TimeLimit(ours["seconds"])])
+    started = time.perf_counter()
+    result = run.train()
+    seconds = time.perf_counter() - started
+    run.save_model(str(out / "model"))
+    tokenizer.save_pretrained(str(out / "model"))
+    steps = result.global_step
+    return {"seconds": seconds, "steps": steps, "planned_steps": max_steps, "tokens": steps * HF_BATCH * BLOCK,
+            "lr": lr, "model": str(out / "model")}
+
+
+def held_out(model_dir: str, heldout: Path, seed: int) -> dict:
+    from eval_hf_mlm import score, text_rows
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AlbertForMaskedLM.from_pretrained(model_dir).eval()
+    return score(model, tokenizer, text_rows(tokenizer, str(heldout), BLOCK), seed=seed)
+
+
+def table(ours: dict, hf: dict) -> str:
+    diff = 100 * (ours["mlm_accuracy"] - hf["mlm_accuracy"])
+    rows = [("held-out MLM accuracy (every masked token [MASK])", "mlm_accuracy", "{:.4f}"),
+            ("unigram baseline, same positions", "unigram_baseline", "{:.4f}"),
+            ("training wall time, s", "seconds", "{:.0f}"), ("optimizer steps", "steps", "{:.0f}"),
+            ("tokens processed", "tokens", "{:,.0f}")]
+    lines = ["| | ours (albert-dist pretrain) | transformers Trainer (run_mlm) |", "|---|---|---|"]
+    lines += [f"| {name} | {fmt.format(ours[key])} | {fmt.format(hf[key])} |" for name, key, fmt in rows]
+    lines.append(f"| learning rate | shipped config | {hf['lr']:g} (best of {hf['lrs']}) |")
+    lines.append(f"\nours - theirs: {diff:+.1f} points of held-out MLM accuracy "
+                 f"(goal: +3): {'met' if diff >= 3 else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--language", choices=sorted(CONFIGS), default="zh")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench-vs-hf-pretrain"))
+    parser.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of ours' pretraining config (repeatable)")
+    parser.add_argument("--hf-lrs", default="2e-4,5e-4,1e-3", help="the peer's learning rates; the best is kept")
+    parser.add_argument("--heldout-every", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    import torch
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine()}", flush=True)
+    train_text, heldout = split_corpus(args.corpus, args.work, args.heldout_every)
+    start_ray()
+    ours = run_ours(args, args.work, train_text)
+    import ray
+
+    ray.shutdown()  # its idle workers off the CPUs the peer trains on
+    ours.update(held_out(ours["model"], heldout, args.seed))
+    print(f"ours: {json.dumps(ours)}\nload average {os.getloadavg()}", flush=True)
+    torch.set_num_threads(os.cpu_count() or 1)
+    lrs = [float(x) for x in args.hf_lrs.split(",")]
+    runs = []
+    for lr in lrs:
+        run = run_hf(args, args.work, train_text, ours, lr)
+        run.update(held_out(run["model"], heldout, args.seed))
+        print(f"theirs: {json.dumps(run)}\nload average {os.getloadavg()}", flush=True)
+        runs.append(run)
+    best = max(runs, key=lambda r: r["mlm_accuracy"])
+    best["lrs"] = ", ".join(f"{lr:g}" for lr in lrs)
+    (args.work / "results.json").write_text(json.dumps({"ours": ours, "theirs": runs}, indent=1))
+    print(f"\n{args.language} corpus {args.corpus.name}; machine: {machine()}\n" + table(ours, best))
+
+
+if __name__ == "__main__":
+    main()
