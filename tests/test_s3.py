@@ -79,9 +79,11 @@ def test_uris_only_where_they_work(monkeypatch):
     from albert_dist.finetune.config import DistillJobConfig
     from albert_dist.tune.config import FinetuneTuneConfig
 
-    for cls in (DataJobConfig, DistillJobConfig, FinetuneTuneConfig):
+    for cls in (DataJobConfig, FinetuneTuneConfig):
         with pytest.raises(ConfigError, match=r"run\.output_dir: a URI.*local path or a mount.*data\.output may be"):
             load_config(cls, None, ["run.output_dir=s3://bucket/out"])
+    with pytest.raises(ConfigError, match=r"output_dir is a URI, but distillation stages .*local path or a mount"):
+        load_config(DistillJobConfig, None, ["run.output_dir=s3://bucket/out"])
     pretrain = load_config(PretrainJobConfig, None, ["run.output_dir=s3://bucket/out?region=x", "run.name=r"])
     assert pretrain.run.locate("ray") == "s3://bucket/out/r/ray?region=x"
     assert pretrain.run.run_dir.parts[-4:] == ("s3", "bucket", "out", "r")  # its local staging directory
