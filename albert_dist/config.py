@@ -27,15 +27,20 @@ class Section(BaseModel):
 class OutputSection(Section):
     """Data preparation's `run:`: where its outputs go (`data.output` under it; data.seed seeds it)."""
 
-    key_hints = {"name": "data preparation writes to data.output, under run.output_dir",
-                 "seed": "data preparation is seeded by data.seed"}
+    key_hints = {
+        "name": "data preparation writes to data.output, under run.output_dir",
+        "seed": "data preparation is seeded by data.seed",
+    }
 
     #: whether run.output_dir may be a URI (pretraining and fine-tuning, `StoredRunSection`)
     uri_output: ClassVar[bool] = False
 
-    output_dir: str = Field("runs", description="Root of checkpoints, prepared data and the default MLflow store: "
-                                                "a local or mounted path (data.output may be a URI; pretrain and "
-                                                "finetune also take an s3:// or gs:// URI here).")
+    output_dir: str = Field(
+        "runs",
+        description="Root of checkpoints, prepared data and the default MLflow store: "
+        "a local or mounted path (data.output may be a URI; pretrain and "
+        "finetune also take an s3:// or gs:// URI here).",
+    )
 
     @field_validator("output_dir")
     @classmethod
@@ -44,18 +49,22 @@ class OutputSection(Section):
             if cls.uri_output:
                 refuse_uri_credentials(output_dir)
                 return output_dir
-            raise ValueError("a URI, but the run directory (its lock file, checkpoints, models, the default MLflow "
-                             "SQLite store) is written with local file operations: give a local path or a mount "
-                             "every node shares (NFS, EFS, Filestore); data.output may be an s3:// or gs:// URI, "
-                             "and pretrain and finetune take one as run.output_dir")
+            raise ValueError(
+                "a URI, but the run directory (its lock file, checkpoints, models, the default MLflow "
+                "SQLite store) is written with local file operations: give a local path or a mount "
+                "every node shares (NFS, EFS, Filestore); data.output may be an s3:// or gs:// URI, "
+                "and pretrain and finetune take one as run.output_dir"
+            )
         return output_dir
 
 
 class RunSection(OutputSection):
     """A named run (its directory under output_dir) and its seed: a sweep's, the demo's."""
 
-    key_hints = {"resume_changes": "a training job's key: a sweep resumes its trials as they were launched, and the "
-                                   "demo starts afresh"}
+    key_hints = {
+        "resume_changes": "a training job's key: a sweep resumes its trials as they were launched, and the "
+        "demo starts afresh"
+    }
 
     name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
     seed: int = 0
@@ -65,8 +74,9 @@ class RunSection(OutputSection):
     def _one_directory_name(cls, name: str) -> str:
         """The run's directory sits right under output_dir: a name with a path in it could write anywhere."""
         if name in (".", "..") or any(sep in name for sep in ("/", "\\", "\0")):
-            raise ValueError("not a plain directory name (no '/', '\\', '.' or '..'): the run directory is "
-                             "run.output_dir/run.name")
+            raise ValueError(
+                "not a plain directory name (no '/', '\\', '.' or '..'): the run directory is run.output_dir/run.name"
+            )
         return name
 
     @property
@@ -92,10 +102,12 @@ class TrainingRunSection(RunSection):
     uri_output = True
 
     resume_changes: Literal["refuse", "allow"] = Field(
-        "refuse", description="When checkpoints of run.name were trained with other settings or data: refuse (stop, "
-                              "naming the changes) or allow (resume them under the new settings and record the "
-                              "changes in MLflow). Output, logging, checkpoint and placement settings may always "
-                              "change.")
+        "refuse",
+        description="When checkpoints of run.name were trained with other settings or data: refuse (stop, "
+        "naming the changes) or allow (resume them under the new settings and record the "
+        "changes in MLflow). Output, logging, checkpoint and placement settings may always "
+        "change.",
+    )
 
 
 class PretrainedModelSection(Section):
@@ -103,8 +115,11 @@ class PretrainedModelSection(Section):
     `None` keeps the model's value."""
 
     init_from: str | None = Field(None, description="A model directory (ours or transformers') to start from.")
-    allow_pickle: bool = Field(False, description="Accept an init_from holding only pytorch_model.bin (pickle), "
-                                                  "still loaded with torch.load(weights_only=True).")
+    allow_pickle: bool = Field(
+        False,
+        description="Accept an init_from holding only pytorch_model.bin (pickle), "
+        "still loaded with torch.load(weights_only=True).",
+    )
     hidden_dropout_prob: float | None = Field(None, ge=0, lt=1)
     attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1)
     classifier_dropout_prob: float | None = Field(None, ge=0, lt=1)
@@ -132,10 +147,12 @@ class ModelSection(PretrainedModelSection):
     max_position_embeddings: int | None = Field(None, gt=0)
 
     @model_validator(mode="after")
-    def _init_from_keeps_its_config(self) -> "ModelSection":
+    def _init_from_keeps_its_config(self) -> ModelSection:
         if self.init_from and self.overrides():
-            raise ValueError(f"{', '.join(sorted(self.overrides()))} cannot be set with init_from: pretraining "
-                             f"continues {self.init_from} with its own config.json")
+            raise ValueError(
+                f"{', '.join(sorted(self.overrides()))} cannot be set with init_from: pretraining "
+                f"continues {self.init_from} with its own config.json"
+            )
         return self
 
     def build(self, vocab_size: int, **extra: Any):
@@ -150,15 +167,21 @@ class ModelSection(PretrainedModelSection):
 
 PretrainedModelSection.key_hints = dict.fromkeys(
     set(ModelSection.model_fields) - set(PretrainedModelSection.model_fields),
-    "the model's shape is model.init_from's; fine-tuning can change its dropout")
+    "the model's shape is model.init_from's; fine-tuning can change its dropout",
+)
 
 
 class TokenizerSection(Section):
     kind: Literal["sentencepiece", "wordpiece"] = Field(
-        "sentencepiece", description="sentencepiece: spiece.model (English ALBERT); wordpiece: a BERT-Chinese "
-                                     "vocab.txt (one token per CJK character, WordPiece for Latin words).")
-    path: str | None = Field(None, description="An existing tokenizer (dir with spiece.model or vocab.txt, or the "
-                                               "file); when empty one is trained on the corpus.")
+        "sentencepiece",
+        description="sentencepiece: spiece.model (English ALBERT); wordpiece: a BERT-Chinese "
+        "vocab.txt (one token per CJK character, WordPiece for Latin words).",
+    )
+    path: str | None = Field(
+        None,
+        description="An existing tokenizer (dir with spiece.model or vocab.txt, or the "
+        "file); when empty one is trained on the corpus.",
+    )
     vocab_size: int = Field(8000, ge=16)
     character_coverage: float = Field(0.99995, gt=0, le=1, description="SentencePiece only.")
     input_sentence_size: int = Field(1_000_000, gt=0, description="Lines sampled from the corpus for training.")
@@ -167,7 +190,7 @@ class TokenizerSection(Section):
     _local_path = field_validator("path")(classmethod(lambda cls, value: local_path(value)))
 
     @model_validator(mode="after")
-    def _options_fit_kind(self) -> "TokenizerSection":
+    def _options_fit_kind(self) -> TokenizerSection:
         if self.kind == "wordpiece":
             misplaced = changed_from_default(self, ("character_coverage", "model_type"))
             if misplaced:
@@ -192,38 +215,53 @@ class MaskingSection(Section):
 class PrepareMaskingSection(MaskingSection):
     """Data preparation's `masking:`: the settings recorded with the data, or with `static` the masks written."""
 
-    static: bool = Field(False, description="Write masks with the data (google-research's setup) instead of "
-                                            "drawing new ones each epoch.")
+    static: bool = Field(
+        False, description="Write masks with the data (google-research's setup) instead of drawing new ones each epoch."
+    )
 
 
 class PreparationSection(Section):
     """How a corpus becomes SOP instances: `data:` of data preparation but the inputs (the demo's are its own)."""
 
     format: Literal["auto", "sentences", "lines", "blocks", "jsonl", "parquet"] = Field(
-        "auto", description="sentences: one sentence per line, blank line between documents (google-research); "
-                            "lines: one document per line; blocks: blank-line separated documents; "
-                            "jsonl/parquet: one document per record.")
+        "auto",
+        description="sentences: one sentence per line, blank line between documents (google-research); "
+        "lines: one document per line; blocks: blank-line separated documents; "
+        "jsonl/parquet: one document per record.",
+    )
     text_field: str = "text"
     language: Literal["auto", "en", "zh"] = "auto"
-    output: str = Field("data/prepared", description="Prepared dataset directory (relative to run.output_dir), or a "
-                                                     "URI (s3://bucket/prefix, gs://...; credentials from the "
-                                                     "environment).")
+    output: str = Field(
+        "data/prepared",
+        description="Prepared dataset directory (relative to run.output_dir), or a "
+        "URI (s3://bucket/prefix, gs://...; credentials from the "
+        "environment).",
+    )
     max_seq_length: int = Field(128, ge=8, le=8192)
     short_seq_prob: float = Field(0.1, ge=0, le=1)
     dupe_factor: int = Field(1, ge=1)
     eval_fraction: float = Field(0.02, ge=0, lt=1, description="Share of documents held out for evaluation.")
-    max_sentence_chars: int = Field(2000, ge=16, description="Longer sentences (runaway lines) are cut into "
-                                                              "pieces of at most this many characters.")
+    max_sentence_chars: int = Field(
+        2000, ge=16, description="Longer sentences (runaway lines) are cut into pieces of at most this many characters."
+    )
     rows_per_shard: int = Field(50_000, gt=0)
-    tokenizer_actors: int | None = Field(None, ge=1, description="Actors that segment, tokenize and build "
-                                                                  "instances; default one per CPU of the cluster "
-                                                                  "left after reading.")
+    tokenizer_actors: int | None = Field(
+        None,
+        ge=1,
+        description="Actors that segment, tokenize and build "
+        "instances; default one per CPU of the cluster "
+        "left after reading.",
+    )
     range_bytes: int | None = Field(
-        None, ge=1, description="Files are read in ranges of about this many bytes, cut where a document ends, so "
-                                "one big file is many tasks (a gzip file is one: it cannot be entered in the "
-                                "middle); default: about four ranges per CPU of the cluster, 256 KiB to 64 MiB.")
+        None,
+        ge=1,
+        description="Files are read in ranges of about this many bytes, cut where a document ends, so "
+        "one big file is many tasks (a gzip file is one: it cannot be entered in the "
+        "middle); default: about four ranges per CPU of the cluster, 256 KiB to 64 MiB.",
+    )
     word_segmenter: Literal["jieba"] | None = Field(
-        None, description="jieba: whole-word masking of Chinese words (else each CJK character is a word).")
+        None, description="jieba: whole-word masking of Chinese words (else each CJK character is a word)."
+    )
     user_dict: str | None = Field(None, description="A jieba user dictionary (one 'word [freq] [tag]' a line).")
     seed: int = 12345
 
@@ -232,12 +270,13 @@ class PreparationSection(Section):
     def _output_uri_names_a_prefix(cls, output: str) -> str:
         refuse_uri_credentials(output)
         if is_uri(output) and not output.startswith("file://") and "/" not in uri_path(output).strip("/"):
-            raise ValueError("name a prefix inside the bucket (s3://bucket/prefix): publishing replaces "
-                             "everything under it")
+            raise ValueError(
+                "name a prefix inside the bucket (s3://bucket/prefix): publishing replaces everything under it"
+            )
         return output
 
     @model_validator(mode="after")
-    def _user_dict_needs_segmenter(self) -> "PreparationSection":
+    def _user_dict_needs_segmenter(self) -> PreparationSection:
         if self.user_dict and self.word_segmenter is None:
             raise ValueError("user_dict needs word_segmenter: jieba")
         return self
@@ -259,22 +298,29 @@ class DataSection(PreparationSection):
 class PretrainDataSection(Section):
     """Pretraining's `data:`: which prepared dataset, and how to read it."""
 
-    output: str = Field("data/prepared", description="The prepared dataset (data prepare's data.output; relative "
-                                                     "to run.output_dir, or a URI).")
+    output: str = Field(
+        "data/prepared",
+        description="The prepared dataset (data prepare's data.output; relative to run.output_dir, or a URI).",
+    )
     cache: Literal["auto", "memory", "stream"] = Field(
-        "auto", description="How pretraining reads the prepared data. memory: once, into Ray's object store (an "
-                            "epoch starts in under a second); stream: the Parquet shards again every epoch and "
-                            "evaluation (seconds each; holds no memory); auto: memory when the data takes at most "
-                            "a fifth of the object store.")
+        "auto",
+        description="How pretraining reads the prepared data. memory: once, into Ray's object store (an "
+        "epoch starts in under a second); stream: the Parquet shards again every epoch and "
+        "evaluation (seconds each; holds no memory); auto: memory when the data takes at most "
+        "a fifth of the object store.",
+    )
     packing: bool = Field(
-        False, description="Pack several instances into each row up to max_seq_length (attention, positions and "
-                           "SOP kept per instance; same losses as unpacked): fewer rows of padding to compute. "
-                           "benchmarks/bench_packing.py measures the gain.")
+        False,
+        description="Pack several instances into each row up to max_seq_length (attention, positions and "
+        "SOP kept per instance; same losses as unpacked): fewer rows of padding to compute. "
+        "benchmarks/bench_packing.py measures the gain.",
+    )
 
 
 PretrainDataSection.key_hints = dict.fromkeys(
     set(DataSection.model_fields) - set(PretrainDataSection.model_fields),
-    "a key of data prepare: pretraining reads the prepared data data.output names")
+    "a key of data prepare: pretraining reads the prepared data data.output names",
+)
 
 
 class ScalingSection(Section):
@@ -290,13 +336,17 @@ class TrainBase(Section):
     section)."""
 
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="auto: bf16 where the hardware has it natively (GPU, AMX CPU), else fp32 (fp16 on "
-                            "GPUs without bf16).")
+        "auto",
+        description="auto: bf16 where the hardware has it natively (GPU, AMX CPU), else fp32 (fp16 on "
+        "GPUs without bf16).",
+    )
     optimizer: Literal["lamb", "adamw"] = Field(
-        "adamw", description="lamb for large batches (google: 1.76e-3 at 4096 sequences, pretrain_base.yaml). At "
-                             "small batches and few steps LAMB at that rate barely moves: it scales each layer's "
-                             "step to lr × the layer's weight RMS (0.02 at init), 25× less than AdamW's at 1e-3 "
-                             "(benchmarks/README.md, bench_recipes).")
+        "adamw",
+        description="lamb for large batches (google: 1.76e-3 at 4096 sequences, pretrain_base.yaml). At "
+        "small batches and few steps LAMB at that rate barely moves: it scales each layer's "
+        "step to lr × the layer's weight RMS (0.02 at init), 25× less than AdamW's at 1e-3 "
+        "(benchmarks/README.md, bench_recipes).",
+    )
     learning_rate: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     adam_beta1: float = Field(0.9, ge=0, lt=1)
@@ -312,24 +362,38 @@ class TrainBase(Section):
     checkpoint_every: int = Field(200, gt=0)
     keep_checkpoints: int = Field(3, ge=1)
     max_failures: int = Field(2, ge=-1, description="Worker restarts from the latest checkpoint; -1 = unlimited.")
-    resource_wait_attempts: int = Field(30, ge=-1, description="Attempts (about a minute each) to get the "
-                                                               "workers' resources back after a node is lost "
-                                                               "before the run fails; -1 = wait forever.")
+    resource_wait_attempts: int = Field(
+        30,
+        ge=-1,
+        description="Attempts (about a minute each) to get the "
+        "workers' resources back after a node is lost "
+        "before the run fails; -1 = wait forever.",
+    )
     max_nonfinite_steps: int = Field(20, ge=1, description="Consecutive non-finite losses before the run stops.")
-    drain_check_every: int = Field(10, gt=0, description="Steps between checks for a drain notice on a worker's "
-                                                         "node (spot reclaim, scale-down): on one, the workers "
-                                                         "write a checkpoint at the step reached. Each check is a "
-                                                         "collective across the workers.")
+    drain_check_every: int = Field(
+        10,
+        gt=0,
+        description="Steps between checks for a drain notice on a worker's "
+        "node (spot reclaim, scale-down): on one, the workers "
+        "write a checkpoint at the step reached. Each check is a "
+        "collective across the workers.",
+    )
     activation_checkpointing: bool = False
     compile: bool = False
-    deterministic: bool = Field(False, description="Deterministic kernels only (and cuBLAS's fixed workspace), "
-                                                   "for runs that must resume bit for bit on a GPU; some kernels "
-                                                   "are slower.")
-    peak_tflops: float | None = Field(None, gt=0, description="The device's dense peak for this precision, "
-                                                                 "to report model FLOPs utilisation (mfu).")
+    deterministic: bool = Field(
+        False,
+        description="Deterministic kernels only (and cuBLAS's fixed workspace), "
+        "for runs that must resume bit for bit on a GPU; some kernels "
+        "are slower.",
+    )
+    peak_tflops: float | None = Field(
+        None, gt=0, description="The device's dense peak for this precision, to report model FLOPs utilisation (mfu)."
+    )
     publish: Literal["best", "last"] = Field(
-        "best", description="The model published as <run>/model: the best evaluation's, or the last step's (the "
-                            "best evaluation's then kept in <run>/best_model too).")
+        "best",
+        description="The model published as <run>/model: the best evaluation's, or the last step's (the "
+        "best evaluation's then kept in <run>/best_model too).",
+    )
 
 
 class TrainSection(TrainBase):
@@ -338,7 +402,7 @@ class TrainSection(TrainBase):
     warmup_steps: int = Field(100, ge=0)
 
     @model_validator(mode="after")
-    def _warmup_fits(self) -> "TrainSection":
+    def _warmup_fits(self) -> TrainSection:
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
         return self
@@ -347,12 +411,18 @@ class TrainSection(TrainBase):
 class PhaseSection(Section):
     """One phase of a sequence-length schedule (`train.phases`): its data, steps and batch size."""
 
-    data: str | None = Field(None, description="The prepared dataset this phase trains on (as data.output: "
-                                               "relative to run.output_dir, or a URI); default data.output.")
+    data: str | None = Field(
+        None,
+        description="The prepared dataset this phase trains on (as data.output: "
+        "relative to run.output_dir, or a URI); default data.output.",
+    )
     steps: int = Field(gt=0)
     batch_size: int | None = Field(None, gt=0, description="Per worker, per micro-batch; default train.batch_size.")
-    max_seq_length: int | None = Field(None, gt=0, description="The sequence length the phase's data must have "
-                                                               "been prepared at (checked before training).")
+    max_seq_length: int | None = Field(
+        None,
+        gt=0,
+        description="The sequence length the phase's data must have been prepared at (checked before training).",
+    )
 
     _data_without_secrets = field_validator("data")(classmethod(lambda cls, value: without_credentials(value)))
 
@@ -361,21 +431,32 @@ class PretrainingTrainSection(TrainSection):
     """TrainSection plus what the pretraining task reads: the held-out batches, the plateau warning and the
     sequence-length phases."""
 
-    eval_batches: int = Field(20, gt=0, description="Evaluation reads this many batches of batch_size held-out "
-                                                    "sequences (in all, not per worker).")
+    eval_batches: int = Field(
+        20,
+        gt=0,
+        description="Evaluation reads this many batches of batch_size held-out sequences (in all, not per worker).",
+    )
     publish: Literal["best", "last"] = Field(
-        "last", description="The model published as <run>/model: the last step's (the best evaluation's kept in "
-                            "<run>/best_model too), or the best evaluation's.")
+        "last",
+        description="The model published as <run>/model: the last step's (the best evaluation's kept in "
+        "<run>/best_model too), or the best evaluation's.",
+    )
     plateau_warning_after: float | None = Field(
-        0.25, ge=0, le=1, description="Share of max_steps after which an evaluation whose held-out MLM accuracy is "
-                                      "still within a point of the unigram baseline prints a warning, once; null "
-                                      "disables it.")
+        0.25,
+        ge=0,
+        le=1,
+        description="Share of max_steps after which an evaluation whose held-out MLM accuracy is "
+        "still within a point of the unigram baseline prints a warning, once; null "
+        "disables it.",
+    )
 
     phases: list[PhaseSection] = Field(
-        default_factory=list, description="Train in phases, each on its own prepared data (google-research and "
-                                          "NVIDIA: most steps at 128 tokens, the rest at 512), one after the "
-                                          "other; max_steps is their sum. Evaluation reads data.output's held-out "
-                                          "split throughout. Empty: every step on data.output.")
+        default_factory=list,
+        description="Train in phases, each on its own prepared data (google-research and "
+        "NVIDIA: most steps at 128 tokens, the rest at 512), one after the "
+        "other; max_steps is their sum. Evaluation reads data.output's held-out "
+        "split throughout. Empty: every step on data.output.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -391,11 +472,13 @@ class PretrainingTrainSection(TrainSection):
         return values
 
     @model_validator(mode="after")
-    def _phases_fill_the_run(self) -> "PretrainingTrainSection":
+    def _phases_fill_the_run(self) -> PretrainingTrainSection:
         total = sum(phase.steps for phase in self.phases)
         if self.phases and total != self.max_steps:
-            raise ValueError(f"the phases' steps add up to {total}, max_steps is {self.max_steps}: leave max_steps "
-                             f"at its default (it becomes the phases' sum) or make them agree")
+            raise ValueError(
+                f"the phases' steps add up to {total}, max_steps is {self.max_steps}: leave max_steps "
+                f"at its default (it becomes the phases' sum) or make them agree"
+            )
         return self
 
     def loop_settings(self) -> TrainSection:
@@ -404,31 +487,36 @@ class PretrainingTrainSection(TrainSection):
 
 
 PretrainingTrainSection.key_hints = {
-    name: "the learning-rate range test is albert-dist pretrain's" for name in
-    ("lr_range_test", "lr_range_steps", "lr_range_min", "lr_range_max")}
+    name: "the learning-rate range test is albert-dist pretrain's"
+    for name in ("lr_range_test", "lr_range_steps", "lr_range_min", "lr_range_max")
+}
 
 
 class PretrainTrainSection(PretrainingTrainSection):
     """`albert-dist pretrain`'s `train:`, with the learning-rate range test the driver runs instead of training."""
 
-    lr_range_test: bool = Field(False, description="Instead of training, run a learning-rate range test "
-                                                   "(lr_range_steps steps, the rate growing exponentially from "
-                                                   "lr_range_min to lr_range_max), print loss against rate and a "
-                                                   "suggested train.learning_rate, log the plot to MLflow.")
+    lr_range_test: bool = Field(
+        False,
+        description="Instead of training, run a learning-rate range test "
+        "(lr_range_steps steps, the rate growing exponentially from "
+        "lr_range_min to lr_range_max), print loss against rate and a "
+        "suggested train.learning_rate, log the plot to MLflow.",
+    )
     lr_range_steps: int = Field(100, ge=5)
     lr_range_min: float = Field(1e-5, gt=0)
     lr_range_max: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
-    def _range_ordered(self) -> "PretrainTrainSection":
+    def _range_ordered(self) -> PretrainTrainSection:
         if self.lr_range_min >= self.lr_range_max:
             raise ValueError(f"lr_range_min ({self.lr_range_min}) must be below lr_range_max ({self.lr_range_max})")
         return self
 
 
 class TrackingSection(Section):
-    tracking_uri: str | None = Field(None, description="Default: $MLFLOW_TRACKING_URI, else a SQLite file "
-                                                        "under run.output_dir.")
+    tracking_uri: str | None = Field(
+        None, description="Default: $MLFLOW_TRACKING_URI, else a SQLite file under run.output_dir."
+    )
     experiment: str = "albert-dist"
     register_model: str | None = Field(None, description="Registered model name; empty = do not register.")
 
@@ -438,9 +526,11 @@ class TrackingSection(Section):
         if os.environ.get("MLFLOW_TRACKING_URI"):
             return os.environ["MLFLOW_TRACKING_URI"]
         if is_uri(output_dir):
-            raise ConfigError(f"run.output_dir is a URI ({output_dir}) and no MLflow store is set: the default "
-                              f"SQLite file cannot live in object storage. Set tracking.tracking_uri (or "
-                              f"$MLFLOW_TRACKING_URI) to a server or database every launch of the run reaches")
+            raise ConfigError(
+                f"run.output_dir is a URI ({output_dir}) and no MLflow store is set: the default "
+                f"SQLite file cannot live in object storage. Set tracking.tracking_uri (or "
+                f"$MLFLOW_TRACKING_URI) to a server or database every launch of the run reaches"
+            )
         db = resolve_path(output_dir) / "mlflow.db"
         db.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{db}"
@@ -455,17 +545,22 @@ class DataJobConfig(Section):
     masking: PrepareMaskingSection = Field(default_factory=PrepareMaskingSection)
 
     @model_validator(mode="after")
-    def _no_option_without_effect(self) -> "DataJobConfig":
+    def _no_option_without_effect(self) -> DataJobConfig:
         """Training options with a given tokenizer, masking options without static masks, would be ignored."""
-        trained = changed_from_default(self.tokenizer, ("vocab_size", "character_coverage", "input_sentence_size",
-                                                        "model_type"))
+        trained = changed_from_default(
+            self.tokenizer, ("vocab_size", "character_coverage", "input_sentence_size", "model_type")
+        )
         if self.tokenizer.path and trained:
-            raise ValueError(f"tokenizer.{', tokenizer.'.join(trained)}: options of training a tokenizer, and "
-                             f"tokenizer.path gives one")
+            raise ValueError(
+                f"tokenizer.{', tokenizer.'.join(trained)}: options of training a tokenizer, and "
+                f"tokenizer.path gives one"
+            )
         masking = changed_from_default(self.masking, MaskingSection.model_fields)
         if masking and not self.masking.static:
-            raise ValueError(f"masking.{', masking.'.join(masking)}: options of static masks (masking.static: "
-                             "true); pretraining's masking: section sets the masks it draws")
+            raise ValueError(
+                f"masking.{', masking.'.join(masking)}: options of static masks (masking.static: "
+                "true); pretraining's masking: section sets the masks it draws"
+            )
         return self
 
 
@@ -498,9 +593,11 @@ def changed_from_default(section: BaseModel, names) -> list[str]:
 def local_path(value: str | None) -> str | None:
     """A field validator's check for paths read with local file operations (model and tokenizer directories)."""
     if value is not None and is_uri(value):
-        raise ValueError("a URI, but this is read from a local or mounted path (data.output, data.inputs, "
-                         "fine-tuning's data files and model.init_from, pretrain's and finetune's run.output_dir "
-                         "take URIs)")
+        raise ValueError(
+            "a URI, but this is read from a local or mounted path (data.output, data.inputs, "
+            "fine-tuning's data files and model.init_from, pretrain's and finetune's run.output_dir "
+            "take URIs)"
+        )
     return value
 
 
@@ -581,8 +678,14 @@ def format_validation_error(err: ValidationError, cls: type[BaseModel] | None = 
         if e["type"] == "extra_forbidden":
             hint = _key_hint(cls, e["loc"])
             msg = "unknown key" + (f" ({hint})" if hint else "")
-        problems.append(f"{where}: {msg}" + (f" (got {redact_url(repr(e['input']))})" if e["type"] != "extra_forbidden"
-                                              and not isinstance(e.get("input"), dict) else ""))
+        problems.append(
+            f"{where}: {msg}"
+            + (
+                f" (got {redact_url(repr(e['input']))})"
+                if e["type"] != "extra_forbidden" and not isinstance(e.get("input"), dict)
+                else ""
+            )
+        )
     return "; ".join(problems)
 
 

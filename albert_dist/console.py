@@ -15,8 +15,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 VERBOSE_ENV = "ALBERT_DIST_VERBOSE"
 HIDDEN_LOG = "albert-dist-hidden.log"
@@ -47,9 +47,12 @@ def quiet_ray() -> Path | None:
     dispatcher = worker.global_worker_stdstream_dispatcher
     if any(name == _HANDLER for name, _ in dispatcher.handlers):  # log_to_driver is on
         dispatcher.remove_handler(_HANDLER)
-        dispatcher.add_handler(_HANDLER, functools.partial(_forward, path, worker.print_to_stdstream,
-                                                           worker._should_ignore_worker_log_prefix(
-                                                               worker.global_worker)))
+        dispatcher.add_handler(
+            _HANDLER,
+            functools.partial(
+                _forward, path, worker.print_to_stdstream, worker._should_ignore_worker_log_prefix(worker.global_worker)
+            ),
+        )
     import ray.data  # noqa: F401 - configures its loggers, whose console handler is quieted here
 
     for handler in logging.getLogger("ray.data").handlers:

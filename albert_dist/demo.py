@@ -22,9 +22,19 @@ from pathlib import Path
 
 from pydantic import Field
 
-from albert_dist.config import (DataJobConfig, ModelSection, PreparationSection, PrepareMaskingSection,
-                                PretrainingTrainSection, PretrainJobConfig, RunSection, ScalingSection, Section,
-                                TokenizerSection, TrackingSection)
+from albert_dist.config import (
+    DataJobConfig,
+    ModelSection,
+    PreparationSection,
+    PrepareMaskingSection,
+    PretrainingTrainSection,
+    PretrainJobConfig,
+    RunSection,
+    ScalingSection,
+    Section,
+    TokenizerSection,
+    TrackingSection,
+)
 from albert_dist.job_registry import Command
 from albert_dist.storage import publish_dir, publish_file
 
@@ -33,28 +43,48 @@ class DemoJobConfig(Section):
     run: RunSection = Field(default_factory=lambda: RunSection(name="demo", output_dir="runs/demo"))
     corpus_chars: int = Field(600_000, gt=10_000, description="How much docstring text to extract.")
     tokenizer: TokenizerSection = Field(default_factory=lambda: TokenizerSection(vocab_size=3000))
-    data: PreparationSection = Field(default_factory=lambda: PreparationSection(
-        format="blocks", max_seq_length=64, output="data/prepared", eval_fraction=0.05))
+    data: PreparationSection = Field(
+        default_factory=lambda: PreparationSection(
+            format="blocks", max_seq_length=64, output="data/prepared", eval_fraction=0.05
+        )
+    )
     masking: PrepareMaskingSection = Field(default_factory=PrepareMaskingSection)
     # tiny's shape at a third of its width: four times the steps of tiny in the same minutes on 2 cores
-    model: ModelSection = Field(default_factory=lambda: ModelSection(
-        hidden_size=128, num_attention_heads=4, intermediate_size=512))
+    model: ModelSection = Field(
+        default_factory=lambda: ModelSection(hidden_size=128, num_attention_heads=4, intermediate_size=512)
+    )
     scaling: ScalingSection = Field(default_factory=lambda: ScalingSection(num_workers=2, cpus_per_worker=0.5))
-    train: PretrainingTrainSection = Field(default_factory=lambda: PretrainingTrainSection(
-        optimizer="adamw", learning_rate=1e-3, max_steps=600, warmup_steps=60, batch_size=16, log_every=100,
-        eval_every=200, checkpoint_every=300, eval_batches=8, plateau_warning_after=0.5))
-    task_train_rows: int = Field(200, gt=0, description="Labelled sentence pairs the fine-tunings learn from (1,000 "
-                                                       "more are the dev set).")
-    finetune_steps: int = Field(60, gt=0, description="Steps of each fine-tuning (from the pretrained model and "
-                                                      "from a random init), distillation and sweep trial.")
-    student_layers: int = Field(1, gt=0, description="Layers of the distilled student (the teacher has the "
-                                                     "preset's).")
+    train: PretrainingTrainSection = Field(
+        default_factory=lambda: PretrainingTrainSection(
+            optimizer="adamw",
+            learning_rate=1e-3,
+            max_steps=600,
+            warmup_steps=60,
+            batch_size=16,
+            log_every=100,
+            eval_every=200,
+            checkpoint_every=300,
+            eval_batches=8,
+            plateau_warning_after=0.5,
+        )
+    )
+    task_train_rows: int = Field(
+        200, gt=0, description="Labelled sentence pairs the fine-tunings learn from (1,000 more are the dev set)."
+    )
+    finetune_steps: int = Field(
+        60,
+        gt=0,
+        description="Steps of each fine-tuning (from the pretrained model and "
+        "from a random init), distillation and sweep trial.",
+    )
+    student_layers: int = Field(1, gt=0, description="Layers of the distilled student (the teacher has the preset's).")
     sweep_trials: int = Field(2, ge=0, description="Trials of the closing fine-tuning sweep; 0 skips it.")
     tracking: TrackingSection = Field(default_factory=lambda: TrackingSection(experiment="albert-dist-demo"))
 
 
-def write_sentence_order_task(corpus: Path, directory: Path, train_rows: int = 200, dev_rows: int = 1000,
-                              seed: int = 0) -> tuple[Path, Path]:
+def write_sentence_order_task(
+    corpus: Path, directory: Path, train_rows: int = 200, dev_rows: int = 1000, seed: int = 0
+) -> tuple[Path, Path]:
     """`train.csv` and `dev.csv` in `directory`: pairs of consecutive sentences of one docstring (text, text_pair),
     labelled `in_order` or `swapped` (then written the other way round), half of each overall; distinct pairs, none
     in both files."""
@@ -70,12 +100,15 @@ def write_sentence_order_task(corpus: Path, directory: Path, train_rows: int = 2
     rows = [(a, b, "in_order") if i % 2 == 0 else (b, a, "swapped") for i, (a, b) in enumerate(chosen)]
     rng.shuffle(rows)
 
-    return (_publish_pairs(directory / "train.csv", rows[:train_rows]),
-            _publish_pairs(directory / "dev.csv", rows[train_rows:]))
+    return (
+        _publish_pairs(directory / "train.csv", rows[:train_rows]),
+        _publish_pairs(directory / "dev.csv", rows[train_rows:]),
+    )
 
 
 def _publish_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
     """A CSV of (text, text_pair, label) rows, published atomically."""
+
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             out = csv.writer(f)
@@ -86,7 +119,6 @@ def _publish_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
 
 
 def run_demo(cfg: DemoJobConfig) -> int:
-    from albert_dist.storage import resolve_path
     from albert_dist.data.prepare import run_prepare
     from albert_dist.demo_corpus import write_stdlib_corpus
     from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
@@ -94,6 +126,7 @@ def run_demo(cfg: DemoJobConfig) -> int:
     from albert_dist.finetune.job import FINETUNE
     from albert_dist.pretrain import PRETRAIN
     from albert_dist.ray_init import ensure_ray
+    from albert_dist.storage import resolve_path
     from albert_dist.tracking import ui_hint
     from albert_dist.train.precision import explain_precision
 
@@ -104,43 +137,88 @@ def run_demo(cfg: DemoJobConfig) -> int:
     ensure_ray()
     run = cfg.run.model_copy(update={"output_dir": str(root)})
     print("[2/6] preparing the corpus with Ray Data")
-    run_prepare(DataJobConfig.model_validate({
-        "run": {"output_dir": str(root)}, "data": {**cfg.data.model_dump(), "inputs": [str(corpus)]},
-        "tokenizer": cfg.tokenizer,
-        "masking": cfg.masking}))
+    run_prepare(
+        DataJobConfig.model_validate(
+            {
+                "run": {"output_dir": str(root)},
+                "data": {**cfg.data.model_dump(), "inputs": [str(corpus)]},
+                "tokenizer": cfg.tokenizer,
+                "masking": cfg.masking,
+            }
+        )
+    )
 
     print("[3/6] pretraining")
-    pre = PRETRAIN.run(PretrainJobConfig.model_validate({
-        "run": run.model_dump(), "model": cfg.model, "data": {"output": cfg.data.output},
-        "masking": cfg.masking.model_dump(exclude={"static"}), "scaling": cfg.scaling,
-        "train": cfg.train.model_dump(), "tracking": cfg.tracking}))
+    pre = PRETRAIN.run(
+        PretrainJobConfig.model_validate(
+            {
+                "run": run.model_dump(),
+                "model": cfg.model,
+                "data": {"output": cfg.data.output},
+                "masking": cfg.masking.model_dump(exclude={"static"}),
+                "scaling": cfg.scaling,
+                "train": cfg.train.model_dump(),
+                "tracking": cfg.tracking,
+            }
+        )
+    )
 
-    print("[4/6] fine-tuning on a task built from the corpus: are two consecutive sentences of a docstring in their "
-          "order or swapped?")
-    train_file, dev_file = write_sentence_order_task(corpus, root / "corpus" / "sentence_order",
-                                                     train_rows=cfg.task_train_rows, seed=cfg.run.seed)
+    print(
+        "[4/6] fine-tuning on a task built from the corpus: are two consecutive sentences of a docstring in their "
+        "order or swapped?"
+    )
+    train_file, dev_file = write_sentence_order_task(
+        corpus, root / "corpus" / "sentence_order", train_rows=cfg.task_train_rows, seed=cfg.run.seed
+    )
     # 1e-3 for both arms: the pretrained model gains more from it than from 3e-4 (+6 against +4 points in one run)
-    ft_train = {"max_steps": cfg.finetune_steps, "batch_size": 16, "precision": cfg.train.precision,
-                "learning_rate": 1e-3, "log_every": 20, "eval_every": 20, "checkpoint_every": cfg.finetune_steps}
-    shared = {"data": {"train": str(train_file), "dev": str(dev_file), "text_pair_column": "text_pair",
-                       "max_seq_length": 64},
-              "scaling": cfg.scaling.model_dump(), "tracking": cfg.tracking.model_dump()}
-    ft_cfg = FinetuneJobConfig.model_validate({
-        **shared, "run": {"name": "demo-finetune", "output_dir": str(root), "seed": cfg.run.seed},
-        "model": {"init_from": str(pre.model_dir)}, "finetune": {"epochs": None}, "train": ft_train})
+    ft_train = {
+        "max_steps": cfg.finetune_steps,
+        "batch_size": 16,
+        "precision": cfg.train.precision,
+        "learning_rate": 1e-3,
+        "log_every": 20,
+        "eval_every": 20,
+        "checkpoint_every": cfg.finetune_steps,
+    }
+    shared = {
+        "data": {"train": str(train_file), "dev": str(dev_file), "text_pair_column": "text_pair", "max_seq_length": 64},
+        "scaling": cfg.scaling.model_dump(),
+        "tracking": cfg.tracking.model_dump(),
+    }
+    ft_cfg = FinetuneJobConfig.model_validate(
+        {
+            **shared,
+            "run": {"name": "demo-finetune", "output_dir": str(root), "seed": cfg.run.seed},
+            "model": {"init_from": str(pre.model_dir)},
+            "finetune": {"epochs": None},
+            "train": ft_train,
+        }
+    )
     ft = FINETUNE.run(ft_cfg)
     print("[4/6] the same fine-tuning from a random init of the same shape (what pretraining buys is the difference)")
     random_init = random_init_like(pre.model_dir, root, cfg.run.seed)
-    scratch = FINETUNE.run(ft_cfg.model_copy(update={
-        "run": ft_cfg.run.model_copy(update={"name": "demo-finetune-random-init"}),
-        "model": ft_cfg.model.model_copy(update={"init_from": str(random_init)})}))
+    scratch = FINETUNE.run(
+        ft_cfg.model_copy(
+            update={
+                "run": ft_cfg.run.model_copy(update={"name": "demo-finetune-random-init"}),
+                "model": ft_cfg.model.model_copy(update={"init_from": str(random_init)}),
+            }
+        )
+    )
 
     print(f"[5/6] distilling into a {cfg.student_layers}-layer student")
-    ds = DISTILL.run(DistillJobConfig.model_validate({
-        **shared, "run": {"name": "demo-distill", "output_dir": str(root), "seed": cfg.run.seed},
-        "distill": {"teacher": str(ft.model_dir), "speed_repeats": 5},
-        "student": {"num_hidden_layers": cfg.student_layers}, "finetune": {"epochs": None},
-        "train": {**ft_train, "learning_rate": 1e-3}}))
+    ds = DISTILL.run(
+        DistillJobConfig.model_validate(
+            {
+                **shared,
+                "run": {"name": "demo-distill", "output_dir": str(root), "seed": cfg.run.seed},
+                "distill": {"teacher": str(ft.model_dir), "speed_repeats": 5},
+                "student": {"num_hidden_layers": cfg.student_layers},
+                "finetune": {"epochs": None},
+                "train": {**ft_train, "learning_rate": 1e-3},
+            }
+        )
+    )
 
     sweep_table = _sweep(cfg, ft_cfg, root) if cfg.sweep_trials else None
     _summary(pre, ft, scratch, ds, sweep_table, ui_hint(pre.tracking_uri))
@@ -183,13 +261,19 @@ def _sweep(cfg: DemoJobConfig, ft_cfg, root: Path) -> str:
     from albert_dist.tune.sweep import run_sweep
 
     print(f"[6/6] a {cfg.sweep_trials}-trial fine-tuning sweep with Ray Tune")
-    tune_cfg = FinetuneTuneConfig.model_validate({
-        "job": ft_cfg.model_dump(), "run": {"name": "demo-sweep", "output_dir": str(root / "sweeps"),
-                                            "seed": cfg.run.seed},
-        "search_space": {"train.learning_rate": {"loguniform": [1e-4, 1e-3]},
-                         "finetune.layer_lr_decay": {"uniform": [0.7, 1.0]}},
-        "num_samples": cfg.sweep_trials, "max_concurrent_trials": 1,
-        "resources_per_trial": {"num_workers": 1, "cpu": 1.0}})
+    tune_cfg = FinetuneTuneConfig.model_validate(
+        {
+            "job": ft_cfg.model_dump(),
+            "run": {"name": "demo-sweep", "output_dir": str(root / "sweeps"), "seed": cfg.run.seed},
+            "search_space": {
+                "train.learning_rate": {"loguniform": [1e-4, 1e-3]},
+                "finetune.layer_lr_decay": {"uniform": [0.7, 1.0]},
+            },
+            "num_samples": cfg.sweep_trials,
+            "max_concurrent_trials": 1,
+            "resources_per_trial": {"num_workers": 1, "cpu": 1.0},
+        }
+    )
     return table(run_sweep(tune_cfg).rows)
 
 
@@ -197,18 +281,24 @@ def _summary(pre, ft, scratch, ds, sweep_table: str | None, ui: str) -> None:
     m, p = ds.metrics, pre.metrics
     nan = float("nan")
     print("\n=== albert-dist demo: results ===")
-    print(f"pretraining   eval MLM accuracy {p.get('eval_mlm_accuracy', nan):.3f} (unigram baseline "
-          f"{p.get('eval_mlm_unigram_baseline', nan):.3f}) where the input shows [MASK], eval SOP accuracy "
-          f"{p.get('eval_sop_accuracy', nan):.3f} (chance 0.5)  → {pre.model_dir}")
+    print(
+        f"pretraining   eval MLM accuracy {p.get('eval_mlm_accuracy', nan):.3f} (unigram baseline "
+        f"{p.get('eval_mlm_unigram_baseline', nan):.3f}) where the input shows [MASK], eval SOP accuracy "
+        f"{p.get('eval_sop_accuracy', nan):.3f} (chance 0.5)  → {pre.model_dir}"
+    )
     pretrained, random_init = ft.metrics["dev_accuracy"], scratch.metrics["dev_accuracy"]
-    print(f"pretrained vs random init: fine-tuned dev accuracy {pretrained:.3f} from the pretrained model, "
-          f"{random_init:.3f} from a random init (same steps): {100 * (pretrained - random_init):+.1f} points")
+    print(
+        f"pretrained vs random init: fine-tuned dev accuracy {pretrained:.3f} from the pretrained model, "
+        f"{random_init:.3f} from a random init (same steps): {100 * (pretrained - random_init):+.1f} points"
+    )
     print(f"{'':14}{'teacher (fine-tuned)':>24}{'student (distilled)':>24}")
     print(f"{'dev accuracy':14}{m['teacher_dev_accuracy']:>24.3f}{m['student_dev_accuracy']:>24.3f}")
     print(f"{'parameters':14}{m['teacher_parameters'] / 1e6:>23.2f}M{m['student_parameters'] / 1e6:>23.2f}M")
     print(f"{'sequences/s':14}{m['teacher_sequences_per_s']:>24.0f}{m['student_sequences_per_s']:>24.0f}")
-    print(f"student keeps {100 * m['student_share_of_teacher']:.1f}% of the teacher's accuracy, "
-          f"{m['speedup']:.2f}x faster  → {ds.model_dir}")
+    print(
+        f"student keeps {100 * m['student_share_of_teacher']:.1f}% of the teacher's accuracy, "
+        f"{m['speedup']:.2f}x faster  → {ds.model_dir}"
+    )
     if sweep_table:
         print("\nfine-tuning sweep:\n" + sweep_table)
     from albert_dist.redaction import redact_url

@@ -17,8 +17,24 @@ from pathlib import Path
 from albert_dist.storage import publish_text
 
 # Modules that print, open windows or have import-time side effects.
-_SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3", "ensurepip",
-         "venv", "pydoc_data", "xxsubtype", "xxlimited", "_xxtestfuzz", "__main__", "__phello__"}
+_SKIP = {
+    "antigravity",
+    "this",
+    "idlelib",
+    "tkinter",
+    "turtle",
+    "turtledemo",
+    "test",
+    "lib2to3",
+    "ensurepip",
+    "venv",
+    "pydoc_data",
+    "xxsubtype",
+    "xxlimited",
+    "_xxtestfuzz",
+    "__main__",
+    "__phello__",
+}
 
 
 def _stdlib_module_names() -> list[str]:

@@ -34,8 +34,9 @@ class TrackingError(AlbertDistError):
 
 def is_disk_full(err: BaseException) -> bool:
     """ENOSPC or EDQUOT, also where a writer reports it only in its message (pyarrow, safetensors)."""
-    return ((isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT))
-            or "No space left on device" in str(err))
+    return (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left on device" in str(
+        err
+    )
 
 
 @contextlib.contextmanager
@@ -54,5 +55,7 @@ def disk_full_errors(what: str, error: type[AlbertDistError] = AlbertDistError):
 
 def disk_full_error(what: str, error: type[AlbertDistError] = AlbertDistError) -> AlbertDistError:
     """The one line that says the disk filled up while writing `what`."""
-    return error(f"no space left on device while writing {what}: free some space or write elsewhere (what was "
-                 f"there before is kept)")
+    return error(
+        f"no space left on device while writing {what}: free some space or write elsewhere (what was "
+        f"there before is kept)"
+    )

@@ -10,8 +10,9 @@ input first: `albert-dist --help` and a config error stay fast (the declarations
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from albert_dist.errors import AlbertDistError
 
@@ -26,12 +27,12 @@ class Command:
 
 @dataclass(frozen=True)
 class Job:
-    name: str                 # `albert-dist submit <name>`
+    name: str  # `albert-dist submit <name>`
     command: tuple[str, ...]  # the CLI subcommand, e.g. ("data", "prepare")
-    config: str               # "module:Class" of the job's config (the declaration's config_class)
-    declaration: str          # "module:NAME" of the job's declaration (a TrainingJob or a Command)
+    config: str  # "module:Class" of the job's config (the declaration's config_class)
+    declaration: str  # "module:NAME" of the job's declaration (a TrainingJob or a Command)
     help: str
-    entry: tuple[str, ...]    # `python -m` arguments of the job's entry point under jobs/
+    entry: tuple[str, ...]  # `python -m` arguments of the job's entry point under jobs/
 
     def config_class(self) -> type:
         return _attribute(self.config)
@@ -47,30 +48,69 @@ def _attribute(path: str):
 
 
 # Help of the CLI's command groups (a job whose command has two words sits in one).
-GROUPS = {"data": "prepare a corpus for pretraining",
-          "tune": "hyperparameter sweeps with Ray Tune, tracked in MLflow"}
+GROUPS = {"data": "prepare a corpus for pretraining", "tune": "hyperparameter sweeps with Ray Tune, tracked in MLflow"}
 
-JOBS = {job.name: job for job in [
-    Job("prepare_data", ("data", "prepare"), "albert_dist.config:DataJobConfig",
-        "albert_dist.data.prepare:PREPARE_DATA", "read, split, tokenize and write SOP instances as Parquet shards",
-        ("jobs.prepare_data",)),
-    Job("pretrain", ("pretrain",), "albert_dist.config:PretrainJobConfig", "albert_dist.pretrain:PRETRAIN",
-        "pretrain ALBERT (MLM + SOP) on Ray Train", ("jobs.pretrain",)),
-    Job("finetune", ("finetune",), "albert_dist.finetune.config:FinetuneJobConfig",
-        "albert_dist.finetune.job:FINETUNE", "fine-tune a pretrained ALBERT for classification or regression",
-        ("jobs.finetune",)),
-    Job("distill", ("distill",), "albert_dist.finetune.config:DistillJobConfig",
-        "albert_dist.finetune.distill:DISTILL", "distill a fine-tuned teacher into a smaller student",
-        ("jobs.distill",)),
-    Job("tune-finetune", ("tune", "finetune"), "albert_dist.tune.config:FinetuneTuneConfig",
-        "albert_dist.tune.sweep:FINETUNE_SWEEP", "sweep finetune hyperparameters (resumes an interrupted sweep)",
-        ("jobs.tune", "finetune")),
-    Job("tune-distill", ("tune", "distill"), "albert_dist.tune.config:DistillTuneConfig",
-        "albert_dist.tune.sweep:DISTILL_SWEEP", "sweep distill hyperparameters (resumes an interrupted sweep)",
-        ("jobs.tune", "distill")),
-    Job("demo", ("demo",), "albert_dist.demo:DemoJobConfig", "albert_dist.demo:DEMO",
-        "the whole pipeline on a small corpus of Python docstrings, end to end", ("jobs.demo",)),
-]}
+JOBS = {
+    job.name: job
+    for job in [
+        Job(
+            "prepare_data",
+            ("data", "prepare"),
+            "albert_dist.config:DataJobConfig",
+            "albert_dist.data.prepare:PREPARE_DATA",
+            "read, split, tokenize and write SOP instances as Parquet shards",
+            ("jobs.prepare_data",),
+        ),
+        Job(
+            "pretrain",
+            ("pretrain",),
+            "albert_dist.config:PretrainJobConfig",
+            "albert_dist.pretrain:PRETRAIN",
+            "pretrain ALBERT (MLM + SOP) on Ray Train",
+            ("jobs.pretrain",),
+        ),
+        Job(
+            "finetune",
+            ("finetune",),
+            "albert_dist.finetune.config:FinetuneJobConfig",
+            "albert_dist.finetune.job:FINETUNE",
+            "fine-tune a pretrained ALBERT for classification or regression",
+            ("jobs.finetune",),
+        ),
+        Job(
+            "distill",
+            ("distill",),
+            "albert_dist.finetune.config:DistillJobConfig",
+            "albert_dist.finetune.distill:DISTILL",
+            "distill a fine-tuned teacher into a smaller student",
+            ("jobs.distill",),
+        ),
+        Job(
+            "tune-finetune",
+            ("tune", "finetune"),
+            "albert_dist.tune.config:FinetuneTuneConfig",
+            "albert_dist.tune.sweep:FINETUNE_SWEEP",
+            "sweep finetune hyperparameters (resumes an interrupted sweep)",
+            ("jobs.tune", "finetune"),
+        ),
+        Job(
+            "tune-distill",
+            ("tune", "distill"),
+            "albert_dist.tune.config:DistillTuneConfig",
+            "albert_dist.tune.sweep:DISTILL_SWEEP",
+            "sweep distill hyperparameters (resumes an interrupted sweep)",
+            ("jobs.tune", "distill"),
+        ),
+        Job(
+            "demo",
+            ("demo",),
+            "albert_dist.demo:DemoJobConfig",
+            "albert_dist.demo:DEMO",
+            "the whole pipeline on a small corpus of Python docstrings, end to end",
+            ("jobs.demo",),
+        ),
+    ]
+}
 
 
 def get(name: str) -> Job:
@@ -79,4 +119,3 @@ def get(name: str) -> Job:
         return JOBS[name]
     except KeyError:
         raise AlbertDistError(f"unknown job {name!r}; the jobs are: {', '.join(JOBS)}") from None
-

@@ -16,8 +16,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from albert_dist import job_registry
 from albert_dist.errors import AlbertDistError
@@ -43,8 +44,9 @@ def auth_headers(env: os._Environ | dict[str, str] = os.environ) -> dict[str, st
         try:
             token = path.read_text().strip()
         except OSError as err:
-            raise AlbertDistError(f"cannot read the Ray auth token file $RAY_AUTH_TOKEN_PATH ({path}): "
-                                  f"{err.strerror}") from None
+            raise AlbertDistError(
+                f"cannot read the Ray auth token file $RAY_AUTH_TOKEN_PATH ({path}): {err.strerror}"
+            ) from None
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
@@ -69,9 +71,11 @@ def entrypoint(kind: str, config: str | None, overrides: list[str]) -> str:
         args += ["--config", _relative_to_repo(config)]
     for item in overrides:
         if redact_url(item) != item:
-            raise AlbertDistError(f"--set {redact_url(item)}: Ray logs a job's command line, so a URL with a user "
-                                  "name or password cannot go in it; give the cluster's nodes the credentials "
-                                  "(e.g. MLFLOW_TRACKING_USERNAME/PASSWORD) and pass the URL without them")
+            raise AlbertDistError(
+                f"--set {redact_url(item)}: Ray logs a job's command line, so a URL with a user "
+                "name or password cannot go in it; give the cluster's nodes the credentials "
+                "(e.g. MLFLOW_TRACKING_USERNAME/PASSWORD) and pass the URL without them"
+            )
         args += ["--set", item]
     return shlex.join(args)
 
@@ -84,18 +88,23 @@ def _relative_to_repo(config: str) -> str:
     try:
         return path.relative_to(REPO_ROOT).as_posix()
     except ValueError:
-        raise AlbertDistError(f"{config} is outside the checkout {REPO_ROOT}, which is what the job receives: "
-                              "put the config under jobs/configs/ or pass fields with --set") from None
+        raise AlbertDistError(
+            f"{config} is outside the checkout {REPO_ROOT}, which is what the job receives: "
+            "put the config under jobs/configs/ or pass fields with --set"
+        ) from None
 
 
 def tracked_files(root: Path = REPO_ROOT) -> list[str]:
     """The files git tracks in the checkout `root`, relative to it."""
     try:
-        listing = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True,
-                                 check=True, timeout=60).stdout
+        listing = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError) as err:
-        raise AlbertDistError(f"albert-dist submit uploads the files git tracks in {root}, and git cannot list "
-                              f"them: {getattr(err, 'stderr', '') or err}".strip()) from None
+        raise AlbertDistError(
+            f"albert-dist submit uploads the files git tracks in {root}, and git cannot list "
+            f"them: {getattr(err, 'stderr', '') or err}".strip()
+        ) from None
     return [path for path in listing.split("\0") if path]
 
 
@@ -117,8 +126,7 @@ def staged_checkout(extra: list[str], root: Path = REPO_ROOT) -> Iterator[Path]:
         yield Path(stage)
 
 
-def runtime_env(output_root: str, working_dir: Path,
-                env: os._Environ | dict[str, str] = os.environ) -> dict[str, Any]:
+def runtime_env(output_root: str, working_dir: Path, env: os._Environ | dict[str, str] = os.environ) -> dict[str, Any]:
     """`working_dir`, the output root and the MLflow tracking variables that are not credentials.
 
     Ray writes runtime envs, env_vars included, to its logs, so MLFLOW_TRACKING_PASSWORD/TOKEN, the user info of
@@ -126,8 +134,9 @@ def runtime_env(output_root: str, working_dir: Path,
     own environment. The username stays behind with its password: a job logs as the nodes' MLflow user (on the
     local cluster a user of its own, not the submitter's admin account).
     """
-    forwarded = {k: redact_url(v, mask="") for k, v in env.items()
-                 if k.startswith("MLFLOW_TRACKING_") and not _is_credential(k)}
+    forwarded = {
+        k: redact_url(v, mask="") for k, v in env.items() if k.startswith("MLFLOW_TRACKING_") and not _is_credential(k)
+    }
     forwarded |= {"ALBERT_DIST_HOME": output_root, "PYTHONUNBUFFERED": "1", **WORKER_ENV}
     return {"working_dir": str(working_dir), "env_vars": forwarded}
 
@@ -143,8 +152,15 @@ def withheld_secrets(env: os._Environ | dict[str, str] = os.environ) -> list[str
     return names + (["the user info of MLFLOW_TRACKING_URI"] if redact_url(uri) != uri else [])
 
 
-def submit(kind: str, config: str | None, overrides: list[str], address: str | None, name: str | None = None,
-           output_root: str | None = None, follow: bool = False) -> int:
+def submit(
+    kind: str,
+    config: str | None,
+    overrides: list[str],
+    address: str | None,
+    name: str | None = None,
+    output_root: str | None = None,
+    follow: bool = False,
+) -> int:
     root = output_root or os.environ.get("ALBERT_DIST_HOME") or DEFAULT_OUTPUT_ROOT
     if not os.path.isabs(root) and "://" not in root:
         raise AlbertDistError(f"the output root must be absolute (a path every node sees), got {root!r}")
@@ -153,13 +169,20 @@ def submit(kind: str, config: str | None, overrides: list[str], address: str | N
     if name:
         name = unused_submission_id(jobs, name)
     with staged_checkout([_relative_to_repo(config)] if config else []) as working_dir:
-        submission_id = jobs.submit_job(entrypoint=command, runtime_env=runtime_env(root, working_dir),
-                                        submission_id=name, metadata={"albert_dist.job": kind})
+        submission_id = jobs.submit_job(
+            entrypoint=command,
+            runtime_env=runtime_env(root, working_dir),
+            submission_id=name,
+            metadata={"albert_dist.job": kind},
+        )
     print(f"submitted {submission_id}: {command}", flush=True)
     print(f"outputs under {root} on the cluster", flush=True)
     if withheld := withheld_secrets():
-        print(f"not sent with the job (Ray logs job environments): {', '.join(withheld)}; the job uses the "
-              "MLflow credentials of the cluster's nodes", flush=True)
+        print(
+            f"not sent with the job (Ray logs job environments): {', '.join(withheld)}; the job uses the "
+            "MLflow credentials of the cluster's nodes",
+            flush=True,
+        )
     if not follow:
         return 0
     return follow_logs(jobs, submission_id)
@@ -173,8 +196,10 @@ def unused_submission_id(jobs, name: str) -> str:
     candidate, attempt = name, 1
     while (state := _job_status(jobs, candidate)) is not None:
         if state not in TERMINAL:
-            raise AlbertDistError(f"job {candidate} is still {state}: stop it first "
-                                  f"(albert-dist jobs stop {candidate}) or submit under another --name")
+            raise AlbertDistError(
+                f"job {candidate} is still {state}: stop it first "
+                f"(albert-dist jobs stop {candidate}) or submit under another --name"
+            )
         attempt += 1
         candidate = f"{name}-{attempt}"
     if candidate != name:
@@ -203,8 +228,7 @@ def follow_logs(jobs, submission_id: str) -> int:
     try:
         asyncio.run(tail())
     except KeyboardInterrupt:
-        print(f"\nstopped following; the job keeps running (albert-dist jobs stop {submission_id})",
-              file=sys.stderr)
+        print(f"\nstopped following; the job keeps running (albert-dist jobs stop {submission_id})", file=sys.stderr)
         return 130
     status = wait_until_done(jobs, submission_id)
     print(f"job {submission_id} {status}", flush=True)

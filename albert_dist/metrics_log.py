@@ -43,8 +43,15 @@ class MetricsLogger:
     `progress_metric`) are not logged again.
     """
 
-    def __init__(self, tracking_uri: str, run_id: str, max_buffer: int = 100_000, skip_replayed: bool = False,
-                 progress_metric: str = "loss", state_file: Path | str | None = None):
+    def __init__(
+        self,
+        tracking_uri: str,
+        run_id: str,
+        max_buffer: int = 100_000,
+        skip_replayed: bool = False,
+        progress_metric: str = "loss",
+        state_file: Path | str | None = None,
+    ):
         from albert_dist.tracking import _client
 
         self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
@@ -64,8 +71,7 @@ class MetricsLogger:
         if step <= self.resume_after:
             return
         now = int(time.time() * 1000)
-        self.pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items()
-                            if isinstance(v, (int, float)))
+        self.pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items() if isinstance(v, (int, float)))
         self.last_step = max(self.last_step, step)
         self.flush()
 
@@ -84,13 +90,18 @@ class MetricsLogger:
                 from albert_dist.redaction import redact_url
 
                 code = getattr(err, "error_code", None)
-                why = (f"refused our credentials ({code}" if code in ACCESS_REFUSED
-                       else f"unreachable ({type(err).__name__}")
+                why = (
+                    f"refused our credentials ({code}"
+                    if code in ACCESS_REFUSED
+                    else f"unreachable ({type(err).__name__}"
+                )
                 kept = f" (saved in {self.state_file})" if self.state_file else ""
-                print(f"warning: MLflow {why}: {redact_url(str(err))[:200]}); buffering metrics{kept} and retrying "
-                      f"at the next log step")
+                print(
+                    f"warning: MLflow {why}: {redact_url(str(err))[:200]}); buffering metrics{kept} and retrying "
+                    f"at the next log step"
+                )
                 self._warned = True
-            del self.pending[:-self.max_buffer]
+            del self.pending[: -self.max_buffer]
         else:
             if self._warned:
                 print("MLflow accepts our metrics again: buffered metrics flushed")
@@ -109,9 +120,11 @@ class MetricsLogger:
             except Exception as err:  # noqa: BLE001 - sorted here: refused for good, or unreachable
                 if getattr(err, "error_code", None) not in REFUSED_FOR_GOOD:
                     raise
-                print(f"warning: MLflow refused {len(batch)} metric value(s) of steps {batch[0].step}-"
-                      f"{batch[-1].step} for good ({err.error_code}: {redact_url(str(err))[:200]}); dropped")
-            del self.pending[:len(batch)]
+                print(
+                    f"warning: MLflow refused {len(batch)} metric value(s) of steps {batch[0].step}-"
+                    f"{batch[-1].step} for good ({err.error_code}: {redact_url(str(err))[:200]}); dropped"
+                )
+            del self.pending[: len(batch)]
 
     def _last_logged_step(self, metric: str) -> int:
         try:
@@ -133,20 +146,32 @@ class MetricsLogger:
             return empty  # none yet; published atomically, so an unreadable one is a foreign file
         if state.get("run_id") != self.run_id:
             return empty
-        return {"found": True, "last_step": int(state["last_step"]),
-                "pending": [Metric(key, value, timestamp, step) for key, value, timestamp, step in state["pending"]]}
+        return {
+            "found": True,
+            "last_step": int(state["last_step"]),
+            "pending": [Metric(key, value, timestamp, step) for key, value, timestamp, step in state["pending"]],
+        }
 
     def _save_state(self) -> None:
         if self.state_file is None:
             return
         try:
-            publish_text(self.state_file, json.dumps({
-                "run_id": self.run_id, "last_step": self.last_step,
-                "pending": [[m.key, m.value, m.timestamp, m.step] for m in self.pending]}))
+            publish_text(
+                self.state_file,
+                json.dumps(
+                    {
+                        "run_id": self.run_id,
+                        "last_step": self.last_step,
+                        "pending": [[m.key, m.value, m.timestamp, m.step] for m in self.pending],
+                    }
+                ),
+            )
         except (OSError, AlbertDistError) as err:  # tracking must never stop training (a full disk stops it anyway)
             if not self._state_warned:
-                print(f"warning: could not save the metrics logger's state to {self.state_file} ({err}): metrics "
-                      f"pending when this worker dies would be lost")
+                print(
+                    f"warning: could not save the metrics logger's state to {self.state_file} ({err}): metrics "
+                    f"pending when this worker dies would be lost"
+                )
                 self._state_warned = True
 
 
@@ -170,5 +195,7 @@ def send_left_behind(tracking_uri: str, run_id: str, state_file: Path | str, pat
     while logger.pending and not logger.flush() and time.monotonic() < deadline:
         time.sleep(5)
     if logger.pending:
-        print(f"warning: {len(logger.pending)} metric value(s) could not reach MLflow; they stay in {state_file} "
-              f"and are sent when this run is relaunched")
+        print(
+            f"warning: {len(logger.pending)} metric value(s) could not reach MLflow; they stay in {state_file} "
+            f"and are sent when this run is relaunched"
+        )

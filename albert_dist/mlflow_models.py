@@ -46,8 +46,9 @@ class SequenceClassifierModel(_DataFrameModel):
     def load_context(self, context) -> None:
         from albert_dist.finetune.predict import Predictor
 
-        self.predictor = Predictor(context.artifacts[MODEL_ARTIFACT], TEXT, TEXT_PAIR if self.pair else None,
-                                   BATCH_SIZE)
+        self.predictor = Predictor(
+            context.artifacts[MODEL_ARTIFACT], TEXT, TEXT_PAIR if self.pair else None, BATCH_SIZE
+        )
 
     def predict(self, context, model_input, params=None):
         inputs = [TEXT, TEXT_PAIR] if self.pair else [TEXT]
@@ -77,16 +78,24 @@ class EncoderModel(_DataFrameModel):
         embeddings = []
         with torch.no_grad():
             for batch in data.batches(data.EncodedSplit(arrays), BATCH_SIZE, 8):
-                hidden = self.model.albert(batch["input_ids"], batch["attention_mask"],
-                                           batch["token_type_ids"]).last_hidden_state
+                hidden = self.model.albert(
+                    batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+                ).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).float()
                 embeddings.extend(((hidden * mask).sum(1) / mask.sum(1)).numpy().astype(np.float32))
         return pd.DataFrame({"embedding": embeddings})
 
 
-def log_model(tracking_uri: str, run_id: str, model_dir: str | Path, python_model: mlflow.pyfunc.PythonModel,
-              name: str, *,
-              step: int, register_as: str | None = None) -> str:
+def log_model(
+    tracking_uri: str,
+    run_id: str,
+    model_dir: str | Path,
+    python_model: mlflow.pyfunc.PythonModel,
+    name: str,
+    *,
+    step: int,
+    register_as: str | None = None,
+) -> str:
     """Log `model_dir` as the run's MLflow model `name`, linked to the run's metrics of `step` (its final evaluation)
     and registered under `register_as` when given; returns its model id."""
     from mlflow.models import Model, ModelSignature
@@ -95,11 +104,18 @@ def log_model(tracking_uri: str, run_id: str, model_dir: str | Path, python_mode
     columns = [TEXT, TEXT_PAIR] if getattr(python_model, "pair", False) else [TEXT]
     with _fluent_api_on(tracking_uri, run_id), _quiet_mlflow():
         # Model.log rather than pyfunc.log_model: it takes the run id, so no fluent run is opened (and ended) here
-        info = Model.log(artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, step=step,
-                         registered_model_name=register_as or None, python_model=python_model,
-                         artifacts={MODEL_ARTIFACT: str(model_dir)},
-                         signature=ModelSignature(inputs=Schema([ColSpec("string", c) for c in columns])),
-                         pip_requirements=_requirements())
+        info = Model.log(
+            artifact_path=None,
+            name=name,
+            flavor=mlflow.pyfunc,
+            run_id=run_id,
+            step=step,
+            registered_model_name=register_as or None,
+            python_model=python_model,
+            artifacts={MODEL_ARTIFACT: str(model_dir)},
+            signature=ModelSignature(inputs=Schema([ColSpec("string", c) for c in columns])),
+            pip_requirements=_requirements(),
+        )
     return info.model_id
 
 

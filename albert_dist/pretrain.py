@@ -37,8 +37,10 @@ class Phase:
         return int(self.prepared.manifest["max_seq_length"])
 
     def describe(self) -> str:
-        return (f"{self.steps} steps of {self.batch_size} x {self.max_seq_length} tokens per worker "
-                f"({self.prepared.location})")
+        return (
+            f"{self.steps} steps of {self.batch_size} x {self.max_seq_length} tokens per worker "
+            f"({self.prepared.location})"
+        )
 
 
 def open_phases(cfg: PretrainJobConfig, prepared, model_config: AlbertConfig) -> list[Phase]:
@@ -54,14 +56,19 @@ def open_phases(cfg: PretrainJobConfig, prepared, model_config: AlbertConfig) ->
         opened = Phase(data, phase.steps, phase.batch_size or cfg.train.batch_size)
         where = f"train.phases[{number}] ({location})"
         if data.manifest["tokenizer"]["sha256"] != prepared.manifest["tokenizer"]["sha256"]:
-            raise ConfigError(f"{where} was tokenized with another tokenizer than data.output ({prepared.location}):"
-                              f" every phase trains one model, so prepare them all with the same tokenizer.path")
+            raise ConfigError(
+                f"{where} was tokenized with another tokenizer than data.output ({prepared.location}):"
+                f" every phase trains one model, so prepare them all with the same tokenizer.path"
+            )
         if phase.max_seq_length is not None and phase.max_seq_length != opened.max_seq_length:
-            raise ConfigError(f"{where} is prepared at max_seq_length {opened.max_seq_length}, the phase says "
-                              f"{phase.max_seq_length}")
+            raise ConfigError(
+                f"{where} is prepared at max_seq_length {opened.max_seq_length}, the phase says {phase.max_seq_length}"
+            )
         if opened.max_seq_length > model_config.max_position_embeddings:
-            raise ConfigError(f"{where} is prepared at max_seq_length {opened.max_seq_length}, beyond "
-                              f"model.max_position_embeddings ({model_config.max_position_embeddings})")
+            raise ConfigError(
+                f"{where} is prepared at max_seq_length {opened.max_seq_length}, beyond "
+                f"model.max_position_embeddings ({model_config.max_position_embeddings})"
+            )
         phases.append(opened)
     return phases
 
@@ -102,32 +109,57 @@ def plan(cfg: PretrainJobConfig) -> Plan:
         run.log_datasets([tracking.prepared_data_input(data_dir, manifest)])
 
     return base_plan(
-        cfg, task=pretraining_spec(cfg, prepared, data_dir, model_config, phases), train=cfg.train.loop_settings(),
-        data_digest=data_digest(prepared, phases), stage=stage, inputs={"in_memory": in_memory},
+        cfg,
+        task=pretraining_spec(cfg, prepared, data_dir, model_config, phases),
+        train=cfg.train.loop_settings(),
+        data_digest=data_digest(prepared, phases),
+        stage=stage,
+        inputs={"in_memory": in_memory},
         datasets=lambda: prepared.for_training(in_memory, [phase.prepared for phase in phases]),
-        params={"model.num_parameters": n_params, "world_size": cfg.scaling.num_workers,
-                "data.prepared_dir": str(data_dir), "data.in_memory": in_memory},
-        banner=[f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
-                f"worker(s), {cfg.train.precision}",
-                f"data: {prepared.rows('train')} training instances, " + (
-                    "read once into Ray's object store" if in_memory else "streamed from Parquet every epoch") +
-                f" (data.cache={cfg.data.cache})",
-                *(f"phase {number}/{len(phases)}: {phase.describe()}" for number, phase in enumerate(phases, 1))])
+        params={
+            "model.num_parameters": n_params,
+            "world_size": cfg.scaling.num_workers,
+            "data.prepared_dir": str(data_dir),
+            "data.in_memory": in_memory,
+        },
+        banner=[
+            f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
+            f"worker(s), {cfg.train.precision}",
+            f"data: {prepared.rows('train')} training instances, "
+            + ("read once into Ray's object store" if in_memory else "streamed from Parquet every epoch")
+            + f" (data.cache={cfg.data.cache})",
+            *(f"phase {number}/{len(phases)}: {phase.describe()}" for number, phase in enumerate(phases, 1)),
+        ],
+    )
 
 
-def pretraining_spec(cfg: PretrainJobConfig, prepared, data_dir: str | Path, model_config: AlbertConfig | None = None,
-                     phases: list[Phase] = ()) -> PretrainingSpec:
+def pretraining_spec(
+    cfg: PretrainJobConfig,
+    prepared,
+    data_dir: str | Path,
+    model_config: AlbertConfig | None = None,
+    phases: list[Phase] = (),
+) -> PretrainingSpec:
     """The task of a job on the prepared data `prepared` (read from `data_dir`), training in `phases`
     (`open_phases`) when there are any."""
     manifest = prepared.manifest
     model_config = model_config or pretraining_model_config(cfg, manifest)
     return PretrainingSpec(
-        prepared_dir=str(data_dir), manifest=manifest, model_config=model_config.to_dict(), masking=cfg.masking,
-        batch_size=cfg.train.batch_size, max_seq_length=manifest["max_seq_length"], seed=cfg.run.seed,
-        eval_batches=cfg.train.eval_batches, has_eval=prepared.rows("eval") > 0, init_from=cfg.model.init_from,
-        allow_pickle=cfg.model.allow_pickle, plateau_warning_after=cfg.train.plateau_warning_after,
+        prepared_dir=str(data_dir),
+        manifest=manifest,
+        model_config=model_config.to_dict(),
+        masking=cfg.masking,
+        batch_size=cfg.train.batch_size,
+        max_seq_length=manifest["max_seq_length"],
+        seed=cfg.run.seed,
+        eval_batches=cfg.train.eval_batches,
+        has_eval=prepared.rows("eval") > 0,
+        init_from=cfg.model.init_from,
+        allow_pickle=cfg.model.allow_pickle,
+        plateau_warning_after=cfg.train.plateau_warning_after,
         packing=cfg.data.packing,
-        phases=tuple(PhaseSpec(f"train_{i}", p.steps, p.batch_size, p.max_seq_length) for i, p in enumerate(phases)))
+        phases=tuple(PhaseSpec(f"train_{i}", p.steps, p.batch_size, p.max_seq_length) for i, p in enumerate(phases)),
+    )
 
 
 def pretraining_model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -> AlbertConfig:
@@ -136,8 +168,10 @@ def pretraining_model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -
         return AlbertConfig.from_json_file(Path(cfg.model.init_from) / "config.json")
     model_config = cfg.model.build(vocab_size=manifest["tokenizer"]["vocab_size"])
     if manifest["max_seq_length"] > model_config.max_position_embeddings:
-        raise ConfigError(f"data max_seq_length ({manifest['max_seq_length']}) exceeds "
-                          f"model.max_position_embeddings ({model_config.max_position_embeddings})")
+        raise ConfigError(
+            f"data max_seq_length ({manifest['max_seq_length']}) exceeds "
+            f"model.max_position_embeddings ({model_config.max_position_embeddings})"
+        )
     return model_config
 
 
@@ -154,23 +188,38 @@ def lr_range_test(cfg: PretrainJobConfig):
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
     s = cfg.train
-    with tracking.job_run(cfg, "lr_range_test", run_dir=cfg.run.locate("lr_range_test"),
-                          run_name=f"{cfg.run.name}-lr-range-test",
-                          extra_params={"data.prepared_dir": str(data_dir)}) as run:
-        print(f"learning-rate range test: {s.optimizer}, {s.lr_range_steps} steps from {s.lr_range_min:g} to "
-              f"{s.lr_range_max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run.run_id}")
+    with tracking.job_run(
+        cfg,
+        "lr_range_test",
+        run_dir=cfg.run.locate("lr_range_test"),
+        run_name=f"{cfg.run.name}-lr-range-test",
+        extra_params={"data.prepared_dir": str(data_dir)},
+    ) as run:
+        print(
+            f"learning-rate range test: {s.optimizer}, {s.lr_range_steps} steps from {s.lr_range_min:g} to "
+            f"{s.lr_range_max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run.run_id}"
+        )
         task = pretraining_spec(cfg, prepared, data_dir).build(rank=0, world_size=1, dataset=prepared.dataset)
         result = run_range_test(task, s, cfg.run.seed)
         with tempfile.TemporaryDirectory() as tmp:
             result.plot(Path(tmp) / "lr_range_test.png")
-            (Path(tmp) / "lr_range_test.json").write_text(json.dumps(
-                {"learning_rate": result.learning_rates, "loss": result.losses, "smoothed_loss": result.smoothed,
-                 "suggested_learning_rate": result.suggested}))
+            (Path(tmp) / "lr_range_test.json").write_text(
+                json.dumps(
+                    {
+                        "learning_rate": result.learning_rates,
+                        "loss": result.losses,
+                        "smoothed_loss": result.smoothed,
+                        "suggested_learning_rate": result.suggested,
+                    }
+                )
+            )
             run.log_artifacts(tmp, "lr_range_test")
         run.log_params({"suggested_learning_rate": result.suggested})
     print(result.table())
-    print(f"suggested: --set train.learning_rate={result.suggested:.2g} (a tenth of the rate with the lowest "
-          f"smoothed loss; {s.optimizer})\nplot: MLflow run {run.run_id}, artifact lr_range_test/lr_range_test.png")
+    print(
+        f"suggested: --set train.learning_rate={result.suggested:.2g} (a tenth of the rate with the lowest "
+        f"smoothed loss; {s.optimizer})\nplot: MLflow run {run.run_id}, artifact lr_range_test/lr_range_test.png"
+    )
     return result
 
 
@@ -183,11 +232,20 @@ def _range_test_instead(cfg: PretrainJobConfig) -> int | None:
 
 def _summary(cfg: PretrainJobConfig, outcome: JobOutcome) -> list[str]:
     m = outcome.metrics
-    return [f"done: step {m.get('step')}, mlm_accuracy {m.get('mlm_accuracy', float('nan')):.3f}, "
-            f"sop_accuracy {m.get('sop_accuracy', float('nan')):.3f}",
-            f"model: {outcome.model_dir}\nbest model: {outcome.best_model_dir}"]
+    return [
+        f"done: step {m.get('step')}, mlm_accuracy {m.get('mlm_accuracy', float('nan')):.3f}, "
+        f"sop_accuracy {m.get('sop_accuracy', float('nan')):.3f}",
+        f"model: {outcome.model_dir}\nbest model: {outcome.best_model_dir}",
+    ]
 
 
-PRETRAIN = TrainingJob("pretrain", PretrainJobConfig, plan, lambda cfg: mlflow_models.EncoderModel(), _summary,
-                       "pretrained",                       instead=_range_test_instead)
+PRETRAIN = TrainingJob(
+    "pretrain",
+    PretrainJobConfig,
+    plan,
+    lambda cfg: mlflow_models.EncoderModel(),
+    _summary,
+    "pretrained",
+    instead=_range_test_instead,
+)
 pretrain = PRETRAIN.run

@@ -7,9 +7,10 @@ tracking, data validation and model logging.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,10 +81,14 @@ class PretrainingTask(TrainingTask):
     def loss(self, model, batch):
         from albert_dist.data.packing import PACKED_INPUTS
 
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    token_type_ids=batch["token_type_ids"], labels=batch["labels"],
-                    sentence_order_label=batch["sentence_order_label"],
-                    **{key: batch[key] for key in PACKED_INPUTS if key in batch})
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            labels=batch["labels"],
+            sentence_order_label=batch["sentence_order_label"],
+            **{key: batch[key] for key in PACKED_INPUTS if key in batch},
+        )
         n_masked = out.mlm_labels.numel()
         n_pairs = batch["sentence_order_label"].numel()
         # accuracy counts only the predictions whose input shows [MASK]: a random or kept token is no test
@@ -98,26 +103,33 @@ class PretrainingTask(TrainingTask):
             "sop_count": float(n_pairs),
         }
         if not model.training:  # evaluation: the label histogram gives the split's unigram baseline
-            stats["mlm_label_counts"] = torch.bincount(out.mlm_labels[shows_mask].detach().cpu(),
-                                                       minlength=self.collator.vocab_size)
+            stats["mlm_label_counts"] = torch.bincount(
+                out.mlm_labels[shows_mask].detach().cpu(), minlength=self.collator.vocab_size
+            )
         return out.loss, stats
 
     def summarize(self, sums):
         mlm_n, sop_n = max(1.0, sums.get("mlm_count", 0.0)), max(1.0, sums.get("sop_count", 0.0))
         shown = max(1.0, sums.get("mlm_shown", 0.0))
         mlm_loss, sop_loss = sums.get("mlm_loss_sum", 0.0) / mlm_n, sums.get("sop_loss_sum", 0.0) / sop_n
-        metrics = {"loss": mlm_loss + sop_loss, "mlm_loss": mlm_loss, "sop_loss": sop_loss,
-                   "mlm_accuracy": sums.get("mlm_correct", 0.0) / shown,
-                   "sop_accuracy": sums.get("sop_correct", 0.0) / sop_n}
+        metrics = {
+            "loss": mlm_loss + sop_loss,
+            "mlm_loss": mlm_loss,
+            "sop_loss": sop_loss,
+            "mlm_accuracy": sums.get("mlm_correct", 0.0) / shown,
+            "sop_accuracy": sums.get("sop_correct", 0.0) / sop_n,
+        }
         if "mlm_label_counts" in sums:
             # always predicting the most frequent masked piece: the accuracy a model that learned nothing reaches
             metrics["mlm_unigram_baseline"] = max(sums["mlm_label_counts"]) / shown
         return metrics
 
     def evaluation_line(self, metrics: dict[str, float]) -> str:
-        return (f"eval MLM accuracy {metrics['eval_mlm_accuracy']:.3f} (unigram baseline "
-                f"{metrics['eval_mlm_unigram_baseline']:.3f}) | eval SOP accuracy {metrics['eval_sop_accuracy']:.3f}"
-                f" (chance 0.5) | eval loss {metrics['eval_loss']:.4g}")
+        return (
+            f"eval MLM accuracy {metrics['eval_mlm_accuracy']:.3f} (unigram baseline "
+            f"{metrics['eval_mlm_unigram_baseline']:.3f}) | eval SOP accuracy {metrics['eval_sop_accuracy']:.3f}"
+            f" (chance 0.5) | eval loss {metrics['eval_loss']:.4g}"
+        )
 
     def plateau(self, metrics: dict[str, float]) -> tuple[str, float, float]:
         return "held-out MLM accuracy", metrics["eval_mlm_accuracy"], metrics["eval_mlm_unigram_baseline"]
@@ -135,9 +147,16 @@ class PretrainingTask(TrainingTask):
         from albert_dist.data.masking import batch_rng
 
         seed, spec = self.spec.seed, self.phase(phase)
-        for index, (_, rows) in enumerate(rank_batches(self.dataset(spec.split), batch_size=spec.batch_size,
-                                                       rank=self.rank, world_size=self.world_size, seed=seed + epoch,
-                                                       shuffle_buffer=SHUFFLE_BUFFER)):
+        for index, (_, rows) in enumerate(
+            rank_batches(
+                self.dataset(spec.split),
+                batch_size=spec.batch_size,
+                rank=self.rank,
+                world_size=self.world_size,
+                seed=seed + epoch,
+                shuffle_buffer=SHUFFLE_BUFFER,
+            )
+        ):
             yield self.collate(rows, batch_rng(seed, epoch, self.rank, index), spec.max_seq_length)
 
     def eval_batches(self):
@@ -149,11 +168,21 @@ class PretrainingTask(TrainingTask):
         if not self.spec.has_eval:
             return
         size = -(-self.spec.batch_size // self.world_size)
-        for first, rows in rank_batches(self.dataset("eval"), batch_size=size, rank=self.rank,
-                                        world_size=self.world_size, drop_last=False, limit=self.spec.eval_batches):
+        for first, rows in rank_batches(
+            self.dataset("eval"),
+            batch_size=size,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=False,
+            limit=self.spec.eval_batches,
+        ):
             count = len(rows["sop_label"])
-            yield self.collate(rows, [np.random.default_rng([self.spec.seed, EVAL_MASK_STREAM, first + i])
-                                      for i in range(count)], self.spec.max_seq_length, self.eval_collator)
+            yield self.collate(
+                rows,
+                [np.random.default_rng([self.spec.seed, EVAL_MASK_STREAM, first + i]) for i in range(count)],
+                self.spec.max_seq_length,
+                self.eval_collator,
+            )
 
     def collate(self, rows, rng, max_seq_length: int, collator=None) -> dict[str, torch.Tensor]:
         """The batch masked by `collator` (default: the training masks), packed into rows of `max_seq_length`

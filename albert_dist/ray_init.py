@@ -16,8 +16,9 @@ import shutil
 import socket
 import tempfile
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from albert_dist.console import quiet_ray
 
@@ -50,8 +51,11 @@ def ensure_ray() -> None:
         # a local Ray gets its dashboard: Ray Train's placement-group cleaner asks the state API it serves whether
         # the training controller is alive, and logs a warning every second while it cannot
         context = start_local_ray(configure_logging=False)
-        print(f"local Ray: dashboard http://{context.dashboard_url}, 127.0.0.1 only, token auth (the token is in "
-              f"{os.environ['RAY_AUTH_TOKEN_PATH']} while this command runs)", flush=True)
+        print(
+            f"local Ray: dashboard http://{context.dashboard_url}, 127.0.0.1 only, token auth (the token is in "
+            f"{os.environ['RAY_AUTH_TOKEN_PATH']} while this command runs)",
+            flush=True,
+        )
     quiet_ray()  # Ray's own log lines to a file unless --verbose
 
 
@@ -72,8 +76,11 @@ def start_local_ray(**init_kwargs: Any):
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
     runtime_env = init_kwargs.pop("runtime_env", {})
-    runtime_env = {**runtime_env, "env_vars": {**_local_train_settings(), **runtime_env.get("env_vars", {})},
-                   "worker_process_setup_hook": "albert_dist.ray_init.prepare_local_worker"}
+    runtime_env = {
+        **runtime_env,
+        "env_vars": {**_local_train_settings(), **runtime_env.get("env_vars", {})},
+        "worker_process_setup_hook": "albert_dist.ray_init.prepare_local_worker",
+    }
     for attempt in range(STARTS):
         try:
             with _loopback_only():
@@ -129,8 +136,16 @@ def _keep_rendezvous_on_loopback() -> None:
         if rank != 0 or not _is_loopback(hostname):
             return create_store(hostname, port, rank, world_size, timeout, use_libuv)
         listener = socket.create_server((hostname, port), family=socket.AF_INET6 if ":" in hostname else socket.AF_INET)
-        return TCPStore(host_name=hostname, port=port, world_size=world_size, is_master=True, timeout=timeout,
-                        multi_tenant=True, master_listen_fd=listener.detach(), use_libuv=use_libuv)
+        return TCPStore(
+            host_name=hostname,
+            port=port,
+            world_size=world_size,
+            is_master=True,
+            timeout=timeout,
+            multi_tenant=True,
+            master_listen_fd=listener.detach(),
+            use_libuv=use_libuv,
+        )
 
     rendezvous._create_c10d_store = create_loopback_store
 

@@ -22,8 +22,7 @@ def is_secret_name(name: str) -> bool:
 
 def redact(params: dict[str, Any]) -> dict[str, Any]:
     """Drop values whose key names a secret (tokens, passwords, keys) and the user info of URLs in the others."""
-    return {k: ("***" if is_secret_name(k) else redact_url(v) if isinstance(v, str) else v)
-            for k, v in params.items()}
+    return {k: ("***" if is_secret_name(k) else redact_url(v) if isinstance(v, str) else v) for k, v in params.items()}
 
 
 def redact_url(text: str, mask: str = "***@") -> str:
@@ -46,6 +45,8 @@ def refuse_uri_credentials(location: str) -> None:
     secrets = _URI_SECRETS & set(urllib.parse.parse_qs(parts.query))
     if "@" in parts.netloc or secrets:
         what = ", ".join(sorted(secrets)) or "user info"
-        raise ValueError(f"the URI carries credentials ({what}): they would be logged with the config; set them "
-                         f"in the environment instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-                         f"GOOGLE_APPLICATION_CREDENTIALS)")
+        raise ValueError(
+            f"the URI carries credentials ({what}): they would be logged with the config; set them "
+            f"in the environment instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+            f"GOOGLE_APPLICATION_CREDENTIALS)"
+        )

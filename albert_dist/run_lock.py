@@ -12,8 +12,8 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from albert_dist.errors import AlbertDistError
 
@@ -31,12 +31,16 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-            raise AlbertDistError(f"the run {run_dir} is in use by {holder}: two drivers would share its checkpoints "
-                                  "and MLflow run. Wait for it to end or stop it, or choose another run.name") from None
+            raise AlbertDistError(
+                f"the run {run_dir} is in use by {holder}: two drivers would share its checkpoints "
+                "and MLflow run. Wait for it to end or stop it, or choose another run.name"
+            ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode(), 0)
+        os.pwrite(
+            fd,
+            f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode(),
+            0,
+        )
         yield
     finally:
         os.close(fd)  # releases the lock
-

@@ -31,8 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from albert_dist.errors import (AlbertDistError, CheckpointError, ConfigError, DataError, StorageError,
-                                disk_full_errors)
+from albert_dist.errors import AlbertDistError, CheckpointError, ConfigError, DataError, StorageError, disk_full_errors
 
 #: written last into a directory published to a URI (`publishing_dir`): its files and their sha256
 PUBLISHED = "published.json"
@@ -79,8 +78,10 @@ def staging_dir(location: str) -> Path:
     """The local directory of a URI `location` (a run's, a model's, a checkpoint's): its staging and download
     cache, `$ALBERT_DIST_STAGING/<scheme>/<bucket>/<key>`, by default under `$XDG_CACHE_HOME/albert-dist` (else
     ~/.cache/albert-dist). The same on every launch on a host: a relaunch finds its lock and downloads there."""
-    root = os.environ.get("ALBERT_DIST_STAGING") or Path(
-        os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "albert-dist"
+    root = (
+        os.environ.get("ALBERT_DIST_STAGING")
+        or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "albert-dist"
+    )
     return Path(root, urllib.parse.urlsplit(location).scheme, *uri_path(location).strip("/").split("/"))
 
 
@@ -128,7 +129,7 @@ def retry_attempts(budget: float) -> int:
     """The fewest attempts whose backoff (the AWS SDK's default strategy, doubling) waits `budget` seconds at
     least in all; the waits then add up to less than twice `budget` (the last one is half of them)."""
     attempts = 1
-    while _FIRST_DELAY_S * (2 ** attempts - 2) < budget:
+    while _FIRST_DELAY_S * (2**attempts - 2) < budget:
         attempts += 1
     return attempts
 
@@ -171,10 +172,14 @@ def object_store_error(err: BaseException, location: str | Path) -> StorageError
     if not isinstance(err, OSError) or isinstance(err, StorageError) or "AWS Error" not in text:
         return None
     if "ACCESS_DENIED" in text or "HTTP status 403" in text:
-        return StorageError(f"the object store refused access to {location}: {text} (check the credentials and "
-                            f"their permissions on the bucket)")
-    return StorageError(f"the object store failed a request on {location} after retrying for {retry_budget():.0f} "
-                        f"s at least ({RETRY_ENV}): {text}")
+        return StorageError(
+            f"the object store refused access to {location}: {text} (check the credentials and "
+            f"their permissions on the bucket)"
+        )
+    return StorageError(
+        f"the object store failed a request on {location} after retrying for {retry_budget():.0f} "
+        f"s at least ({RETRY_ENV}): {text}"
+    )
 
 
 @contextlib.contextmanager
@@ -203,14 +208,18 @@ def sha256_stream(stream: BinaryIO) -> str:
     return digest.hexdigest()
 
 
-def publish_file(path: str | Path, write: Callable[[Path], object], *,
-                 error: type[AlbertDistError] = AlbertDistError) -> Path | str:
+def publish_file(
+    path: str | Path, write: Callable[[Path], object], *, error: type[AlbertDistError] = AlbertDistError
+) -> Path | str:
     """`write(tmp)` creates a file at `tmp` beside `path`; it is fsynced and renamed over `path`. A full disk is
     reported as one `error` naming `path`; on any failure `path` keeps what it held. A URI `path` gets the file
     written locally, then uploaded as one object (an object store replaces an object whole)."""
     if is_uri(path):
-        with (disk_full_errors(str(path), error), object_store_errors(path),
-              tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp):
+        with (
+            disk_full_errors(str(path), error),
+            object_store_errors(path),
+            tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp,
+        ):
             write(Path(tmp, "file"))
             fs, target = filesystem(str(path))
             if fs.type_name == "local":  # a file:// URI: its directory may not exist yet (object stores have none)
@@ -234,8 +243,9 @@ def publish_text(path: str | Path, text: str, **kwargs) -> Path:
     return publish_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), **kwargs)
 
 
-def publish_dir(target: str | Path, write: Callable[[Path], object], *,
-                error: type[AlbertDistError] = AlbertDistError) -> Path | str:
+def publish_dir(
+    target: str | Path, write: Callable[[Path], object], *, error: type[AlbertDistError] = AlbertDistError
+) -> Path | str:
     """`write(staging)` fills an empty staging directory beside `target`, which then replaces `target`."""
     with publishing_dir(target, error=error) as staging:
         write(staging)
@@ -387,8 +397,9 @@ def upload_dir(stage: Path, location: str, *, last: str) -> None:
         for part in sorted(stage.iterdir(), key=lambda p: p.name == last):
             if part.is_dir():
                 fs.create_dir(f"{path}/{part.name}")  # a local file:// target needs it; on S3 an empty marker
-            pafs.copy_files(str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=fs)
+            pafs.copy_files(
+                str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
+            )
 
 
 def download_dir(location: str, *, complete: str) -> Path:
@@ -406,8 +417,12 @@ def download_dir(location: str, *, complete: str) -> Path:
         return local
     fs, path = filesystem(str(location))
     with object_store_errors(location):
-        publish_dir(local, lambda d: pafs.copy_files(path, str(d), source_filesystem=fs,
-                                                     destination_filesystem=pafs.LocalFileSystem()))
+        publish_dir(
+            local,
+            lambda d: pafs.copy_files(
+                path, str(d), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem()
+            ),
+        )
     return local
 
 

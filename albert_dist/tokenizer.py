@@ -51,6 +51,7 @@ _SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask")
 # ALBERT text preprocessing (shared by training and encoding so both see the same text)
 # --------------------------------------------------------------------------------------------------------------
 
+
 def albert_preprocess(text: str) -> str:
     """google's `preprocess_text` with ALBERT's flags: remove_space, keep_accents=False, do_lower_case."""
     text = " ".join(text.strip().split())
@@ -63,6 +64,7 @@ def albert_preprocess(text: str) -> str:
 # --------------------------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------------------------
+
 
 def train_sentencepiece(
     inputs: str | os.PathLike | Iterable[str | os.PathLike],
@@ -89,12 +91,22 @@ def train_sentencepiece(
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="albert-spiece-") as tmp:
         prefix = Path(tmp) / "spiece"
-        _run_trainer(lines, prefix, vocab_size, character_coverage=character_coverage,
-                     model_type=model_type, seed=seed, paths=paths)
+        _run_trainer(
+            lines,
+            prefix,
+            vocab_size,
+            character_coverage=character_coverage,
+            model_type=model_type,
+            seed=seed,
+            paths=paths,
+        )
         # The model last: its presence means the pair is complete.
         for suffix, name in ((".vocab", SPIECE_VOCAB_FILE), (".model", SPIECE_FILE)):
-            publish_file(out_dir / name, lambda tmp: shutil.copyfile(prefix.with_suffix(suffix), tmp),
-                         error=TokenizerError)
+            publish_file(
+                out_dir / name,
+                lambda tmp, suffix=suffix: shutil.copyfile(prefix.with_suffix(suffix), tmp),
+                error=TokenizerError,
+            )
     progress(f"sentencepiece: trained {vocab_size} pieces")  # where it goes is the caller's to say (a staging copy)
     return out_dir / SPIECE_FILE
 
@@ -109,8 +121,9 @@ def _input_paths(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> lis
     return paths
 
 
-def _read_lines(paths: Sequence[Path], progress: Callable[[str], None], preprocess: Callable[[str], str],
-               label: str) -> Iterator[str]:
+def _read_lines(
+    paths: Sequence[Path], progress: Callable[[str], None], preprocess: Callable[[str], str], label: str
+) -> Iterator[str]:
     """Preprocessed non-blank lines of every file, reporting progress every 64 MiB."""
     nbytes = nlines = 0
     next_report = _PROGRESS_EVERY_BYTES
@@ -127,8 +140,14 @@ def _read_lines(paths: Sequence[Path], progress: Callable[[str], None], preproce
                     yield line
 
 
-def _sample_lines(paths: Sequence[Path], limit: int, rng: random.Random, progress: Callable[[str], None],
-                  preprocess: Callable[[str], str] = albert_preprocess, label: str = "sentencepiece") -> list[str]:
+def _sample_lines(
+    paths: Sequence[Path],
+    limit: int,
+    rng: random.Random,
+    progress: Callable[[str], None],
+    preprocess: Callable[[str], str] = albert_preprocess,
+    label: str = "sentencepiece",
+) -> list[str]:
     """Reservoir-sample at most `limit` lines (memory bounded by the sample), then shuffle."""
     sample: list[str] = []
     seen = 0
@@ -144,8 +163,16 @@ def _sample_lines(paths: Sequence[Path], limit: int, rng: random.Random, progres
     return sample
 
 
-def _run_trainer(lines: list[str], prefix: Path, vocab_size: int, *, character_coverage: float,
-                 model_type: str, seed: int, paths: Sequence[Path]) -> None:
+def _run_trainer(
+    lines: list[str],
+    prefix: Path,
+    vocab_size: int,
+    *,
+    character_coverage: float,
+    model_type: str,
+    seed: int,
+    paths: Sequence[Path],
+) -> None:
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
@@ -154,7 +181,10 @@ def _run_trainer(lines: list[str], prefix: Path, vocab_size: int, *, character_c
             vocab_size=vocab_size,
             model_type=model_type,
             character_coverage=character_coverage,
-            pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+            pad_id=0,
+            unk_id=1,
+            bos_id=-1,
+            eos_id=-1,
             control_symbols=list(ALBERT_CONTROL_SYMBOLS),
             user_defined_symbols=list(ALBERT_USER_SYMBOLS),
             input_sentence_size=0,  # already sampled
@@ -166,8 +196,10 @@ def _run_trainer(lines: list[str], prefix: Path, vocab_size: int, *, character_c
     except RuntimeError as e:
         limit = re.search(r"Vocabulary size.*value <= (\d+)", str(e))
         if limit:
-            raise TokenizerError(f"vocab_size={vocab_size} is too large for the corpus "
-                                 f"({', '.join(map(str, paths))}): at most {limit[1]} pieces fit") from e
+            raise TokenizerError(
+                f"vocab_size={vocab_size} is too large for the corpus "
+                f"({', '.join(map(str, paths))}): at most {limit[1]} pieces fit"
+            ) from e
         raise TokenizerError(f"sentencepiece training on {', '.join(map(str, paths))} failed: {e}") from e
 
 
@@ -194,14 +226,16 @@ def train_wordpiece(
     if not lines:
         raise TokenizerError(f"empty corpus: no non-blank lines in {', '.join(map(str, paths))}")
     cjk = {c for line in lines for c in line if _is_cjk(ord(c))}
-    model = _bert_pipeline(models.WordPiece(unk_token=_WordPieceBackend._SPECIAL["unk"],
-                                            max_input_chars_per_word=_WORDPIECE_MAX_CHARS))
+    model = _bert_pipeline(
+        models.WordPiece(unk_token=_WordPieceBackend._SPECIAL["unk"], max_input_chars_per_word=_WORDPIECE_MAX_CHARS)
+    )
     specials = [_WordPieceBackend._SPECIAL[role] for role in _SPECIAL_ROLES]
-    model.train_from_iterator(lines, trainers.WordPieceTrainer(
-        vocab_size=vocab_size + len(cjk), special_tokens=specials, show_progress=False))
+    model.train_from_iterator(
+        lines, trainers.WordPieceTrainer(vocab_size=vocab_size + len(cjk), special_tokens=specials, show_progress=False)
+    )
     ordered = sorted(model.get_vocab().items(), key=lambda item: item[1])
     tokens = [t for t, _ in ordered if not (t.startswith("##") and len(t) == 3 and _is_cjk(ord(t[2])))]
-    tokens = tokens[:max(vocab_size, len(specials) + len(cjk))]
+    tokens = tokens[: max(vocab_size, len(specials) + len(cjk))]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _WordPieceBackend(tokens, str(out_dir)).save_files(out_dir)
@@ -212,6 +246,7 @@ def train_wordpiece(
 # --------------------------------------------------------------------------------------------------------------
 # Backends
 # --------------------------------------------------------------------------------------------------------------
+
 
 class _SentencePieceBackend:
     """spiece.model with ALBERT's Python preprocessing; picklable through its serialized model proto."""
@@ -239,9 +274,13 @@ class _SentencePieceBackend:
 
     def _find_special_tokens(self) -> dict[str, str]:
         sp = self._sp
-        tokens = {"unk": sp.id_to_piece(sp.unk_id()),
-                  "pad": sp.id_to_piece(sp.pad_id()) if sp.pad_id() >= 0 else "<pad>",
-                  "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+        tokens = {
+            "unk": sp.id_to_piece(sp.unk_id()),
+            "pad": sp.id_to_piece(sp.pad_id()) if sp.pad_id() >= 0 else "<pad>",
+            "cls": "[CLS]",
+            "sep": "[SEP]",
+            "mask": "[MASK]",
+        }
         missing = [t for role, t in tokens.items() if role != "unk" and sp.piece_to_id(t) == sp.unk_id()]
         if missing:
             raise TokenizerError(f"{self._source} lacks ALBERT's special pieces {missing}")
@@ -296,8 +335,14 @@ class _SentencePieceBackend:
         publish_bytes(out_dir / SPIECE_FILE, self._proto)
 
     def tokenizer_config(self) -> dict:
-        return {"tokenizer_class": "AlbertTokenizer", "do_lower_case": True, "remove_space": True,
-                "keep_accents": False, "bos_token": "[CLS]", "eos_token": "[SEP]"}
+        return {
+            "tokenizer_class": "AlbertTokenizer",
+            "do_lower_case": True,
+            "remove_space": True,
+            "keep_accents": False,
+            "bos_token": "[CLS]",
+            "eos_token": "[SEP]",
+        }
 
 
 def _has_digit_comma(text: str) -> bool:
@@ -327,8 +372,9 @@ class _WordPieceBackend:
             raise TokenizerError(f"{source} lacks the special tokens {missing}")
         self.special_tokens = dict(self._SPECIAL)
         self._unk = self._SPECIAL["unk"]
-        self._tokenizer = _bert_pipeline(models.WordPiece(self._ids, unk_token=self._unk,
-                                                          max_input_chars_per_word=_WORDPIECE_MAX_CHARS))
+        self._tokenizer = _bert_pipeline(
+            models.WordPiece(self._ids, unk_token=self._unk, max_input_chars_per_word=_WORDPIECE_MAX_CHARS)
+        )
 
     @classmethod
     def from_file(cls, path: Path) -> _WordPieceBackend:
@@ -389,22 +435,33 @@ def _bert_pipeline(model):
 
     tokenizer = Tokenizer(model)
     tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=_BERT_OPTIONS["tokenize_chinese_chars"],
-        strip_accents=_BERT_OPTIONS["strip_accents"], lowercase=_BERT_OPTIONS["do_lower_case"])
+        clean_text=True,
+        handle_chinese_chars=_BERT_OPTIONS["tokenize_chinese_chars"],
+        strip_accents=_BERT_OPTIONS["strip_accents"],
+        lowercase=_BERT_OPTIONS["do_lower_case"],
+    )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     return tokenizer
 
 
 def _is_cjk(cp: int) -> bool:
     """BERT's CJK ranges: the characters its normalizer makes words of their own."""
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
-            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+    return (
+        0x4E00 <= cp <= 0x9FFF
+        or 0x3400 <= cp <= 0x4DBF
+        or 0x20000 <= cp <= 0x2A6DF
+        or 0x2A700 <= cp <= 0x2B73F
+        or 0x2B740 <= cp <= 0x2B81F
+        or 0x2B820 <= cp <= 0x2CEAF
+        or 0xF900 <= cp <= 0xFAFF
+        or 0x2F800 <= cp <= 0x2FA1F
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Public tokenizer
 # --------------------------------------------------------------------------------------------------------------
+
 
 class AlbertTokenizer:
     """ALBERT tokenizer over a `spiece.model` or a WordPiece `vocab.txt` (a directory holding one, or the file).
@@ -455,8 +512,7 @@ class AlbertTokenizer:
 
     def word_starts(self, ids: Iterable[int]) -> list[bool]:
         """True where a token begins a whole word (special tokens count as words); for whole-word masking."""
-        return [i in self.special_ids or self._backend.is_word_start(self._backend.id_to_token(int(i)))
-                for i in ids]
+        return [i in self.special_ids or self._backend.is_word_start(self._backend.id_to_token(int(i))) for i in ids]
 
     # ---- model inputs ----
 
@@ -469,12 +525,18 @@ class AlbertTokenizer:
             token_type_ids += [1] * (len(ids_b) + 1)
         return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": [1] * len(input_ids)}
 
-    def encode_pair(self, text_a: str, text_b: str | None = None, max_length: int | None = None,
-                    truncation: bool = True) -> dict[str, list[int]]:
+    def encode_pair(
+        self, text_a: str, text_b: str | None = None, max_length: int | None = None, truncation: bool = True
+    ) -> dict[str, list[int]]:
         return self.encode_pairs([text_a], None if text_b is None else [text_b], max_length, truncation)[0]
 
-    def encode_pairs(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None,
-                     max_length: int | None = None, truncation: bool = True) -> list[dict[str, list[int]]]:
+    def encode_pairs(
+        self,
+        texts: Sequence[str],
+        text_pairs: Sequence[str] | None = None,
+        max_length: int | None = None,
+        truncation: bool = True,
+    ) -> list[dict[str, list[int]]]:
         """`encode_pair` of each text (and its pair), the texts encoded in one batch."""
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text pairs")
@@ -482,8 +544,9 @@ class AlbertTokenizer:
         ids_b = [ids for _, ids in self.tokenize_batch(text_pairs)] if text_pairs is not None else [None] * len(texts)
         return [self._pair_inputs(a, b, max_length, truncation) for a, b in zip(ids_a, ids_b)]
 
-    def _pair_inputs(self, ids_a: list[int], ids_b: list[int] | None, max_length: int | None,
-                     truncation: bool) -> dict[str, list[int]]:
+    def _pair_inputs(
+        self, ids_a: list[int], ids_b: list[int] | None, max_length: int | None, truncation: bool
+    ) -> dict[str, list[int]]:
         if max_length is not None and truncation:
             budget = max_length - (2 if ids_b is None else 3)
             if budget < 0:
@@ -491,9 +554,15 @@ class AlbertTokenizer:
             ids_a, ids_b = truncate_longest_first(ids_a, ids_b, budget)
         return self.build_inputs(ids_a, ids_b)
 
-    def batch_encode(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None,
-                     max_length: int | None = MODEL_MAX_LENGTH, padding: str = "longest",
-                     pad_to_multiple_of: int | None = None, return_tensors: str | None = None) -> dict:
+    def batch_encode(
+        self,
+        texts: Sequence[str],
+        text_pairs: Sequence[str] | None = None,
+        max_length: int | None = MODEL_MAX_LENGTH,
+        padding: str = "longest",
+        pad_to_multiple_of: int | None = None,
+        return_tensors: str | None = None,
+    ) -> dict:
         """Encode, truncate to `max_length`, right-pad with `pad_id`; lists, or torch tensors for "pt"."""
         if padding not in ("longest", "max_length"):
             raise ValueError(f"padding must be 'longest' or 'max_length', not {padding!r}")
@@ -522,16 +591,22 @@ class AlbertTokenizer:
         self._backend.save_files(out_dir)
         specials = {f"{role}_token": tok for role, tok in self._backend.special_tokens.items()}
         # As albert-base-v2 ships it: [MASK] swallows the space before it.
-        specials["mask_token"] = {"content": specials["mask_token"], "lstrip": self.kind == "sentencepiece",
-                                  "rstrip": False, "normalized": False, "single_word": False}
+        specials["mask_token"] = {
+            "content": specials["mask_token"],
+            "lstrip": self.kind == "sentencepiece",
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+        }
         config = {**self._backend.tokenizer_config(), **specials, "model_max_length": MODEL_MAX_LENGTH}
         publish_bytes(out_dir / "tokenizer_config.json", _json_bytes(config))
         publish_bytes(out_dir / "special_tokens_map.json", _json_bytes(specials))
         return out_dir
 
 
-def truncate_longest_first(ids_a: list[int], ids_b: list[int] | None,
-                           budget: int) -> tuple[list[int], list[int] | None]:
+def truncate_longest_first(
+    ids_a: list[int], ids_b: list[int] | None, budget: int
+) -> tuple[list[int], list[int] | None]:
     """transformers' (tokenizers') 'longest_first': keep the shorter sequence whole if it fits in half the budget,
     else give it `budget // 2` and the longer one the rest (on equal lengths A counts as the shorter)."""
     if ids_b is None:
@@ -564,5 +639,3 @@ def _resolve_tokenizer_file(path: Path) -> Path:
 
 def _json_bytes(obj: dict) -> bytes:
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-
-

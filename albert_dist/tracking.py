@@ -14,16 +14,15 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from albert_dist.config import dump_yaml, flatten
-from albert_dist.storage import join_location
 from albert_dist.errors import StorageError, TrackingError
 from albert_dist.redaction import redact, redact_url
-
-from albert_dist.storage import publish_text, read_bytes
+from albert_dist.storage import join_location, publish_text, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +45,9 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def start_or_resume_run(tracking_uri: str, experiment: str, run_dir: Path | str, run_name: str,
-                        tags: dict[str, str] | None = None) -> str:
+def start_or_resume_run(
+    tracking_uri: str, experiment: str, run_dir: Path | str, run_name: str, tags: dict[str, str] | None = None
+) -> str:
     """The MLflow run of `run_dir` (a local path or a URI): the one recorded there if it still exists, else a new
     one (recorded).
     `tags` are set either way: a sweep creates its trials' runs before their jobs add what they know (lineage).
@@ -94,8 +94,11 @@ def experiment_id(client, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri),
-                                            tags={EXPERIMENT_KIND_TAG: MODEL_DEVELOPMENT})
+            return client.create_experiment(
+                name,
+                artifact_location=artifact_location(client.tracking_uri),
+                tags={EXPERIMENT_KIND_TAG: MODEL_DEVELOPMENT},
+            )
         except MlflowException:  # created meanwhile by a parallel job (sweep trials start together)
             exp = client.get_experiment_by_name(name)
             if exp is None:
@@ -132,8 +135,7 @@ def source_tags(job: str | None) -> dict[str, str]:
     checkout, the commit."""
     from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
 
-    tags = {MLFLOW_SOURCE_NAME: " ".join(["albert-dist", *(job or "").split("-")]).strip(),
-            MLFLOW_SOURCE_TYPE: "LOCAL"}
+    tags = {MLFLOW_SOURCE_NAME: " ".join(["albert-dist", *(job or "").split("-")]).strip(), MLFLOW_SOURCE_TYPE: "LOCAL"}
     commit = _git("rev-parse", "HEAD")
     if commit:
         tags[MLFLOW_GIT_COMMIT] = commit
@@ -144,9 +146,11 @@ def _git(*args: str) -> str | None:
     """Output of a git command on the package's own checkout; None when the package is not one (installed)."""
     root = Path(__file__).resolve().parent.parent
     try:
+
         def run(*a: str) -> str:
-            return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=5,
-                                  check=True).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(root), *a], capture_output=True, text=True, timeout=5, check=True
+            ).stdout.strip()
 
         if Path(run("rev-parse", "--show-toplevel")).resolve() != root:
             return None  # installed inside some other repository (a virtualenv in a checkout)
@@ -174,7 +178,7 @@ def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
     existing = client.get_run(run_id).data.params
     fresh = [Param(k, str(v)[:6000]) for k, v in redact(params).items() if k not in existing]
     for i in range(0, len(fresh), 100):
-        client.log_batch(run_id, params=fresh[i:i + 100])
+        client.log_batch(run_id, params=fresh[i : i + 100])
 
 
 def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
@@ -230,8 +234,9 @@ class JobRun:
 
         now = int(time.time() * 1000)
         with tracking_errors("logging the final metrics"):
-            _client(self.uri).log_batch(self.run_id, metrics=[Metric(k, float(v), now, step)
-                                                              for k, v in values.items()])
+            _client(self.uri).log_batch(
+                self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()]
+            )
 
     def published(self, model_dir: Path, where: str | None = None) -> None:
         """The job's model is in place at `model_dir` (a local directory; published at the URI `where` too): a
@@ -247,8 +252,9 @@ class JobRun:
         if files:
             self.log_artifacts(self.model_dir, "model")
         with tracking_errors("logging the model"):
-            mlflow_models.log_model(self.uri, self.run_id, self.model_dir, python_model, name, step=step,
-                                    register_as=self.register_as)
+            mlflow_models.log_model(
+                self.uri, self.run_id, self.model_dir, python_model, name, step=step, register_as=self.register_as
+            )
 
     def end(self, status: str) -> None:
         with tracking_errors(f"marking the run {status}"):
@@ -271,9 +277,17 @@ class JobRun:
 
 
 @contextlib.contextmanager
-def job_run(cfg, job: str, *, tags: dict[str, str] | None = None, params: dict[str, Any] | None = None,
-            extra_params: dict[str, Any] | None = None, settings=None, run_dir: Path | str | None = None,
-            run_name: str | None = None) -> Iterator[JobRun]:
+def job_run(
+    cfg,
+    job: str,
+    *,
+    tags: dict[str, str] | None = None,
+    params: dict[str, Any] | None = None,
+    extra_params: dict[str, Any] | None = None,
+    settings=None,
+    run_dir: Path | str | None = None,
+    run_name: str | None = None,
+) -> Iterator[JobRun]:
     """The tracked MLflow run of a job, around everything the job does once its input is validated.
 
     Opens the run of the run directory (resumes it on a relaunch), tagged `albert_dist.job=<job>` plus `tags`;
@@ -287,8 +301,13 @@ def job_run(cfg, job: str, *, tags: dict[str, str] | None = None, params: dict[s
     settings = settings or cfg
     uri = settings.tracking.resolved_uri(settings.run.output_dir)
     with tracking_errors(f"opening the run in {redact_url(uri)}"):
-        run_id = start_or_resume_run(uri, settings.tracking.experiment, run_dir or settings.run.locate(),
-                                     run_name or settings.run.name, tags={JOB_TAG: job, **(tags or {})})
+        run_id = start_or_resume_run(
+            uri,
+            settings.tracking.experiment,
+            run_dir or settings.run.locate(),
+            run_name or settings.run.name,
+            tags={JOB_TAG: job, **(tags or {})},
+        )
     run = JobRun(uri, run_id, settings.tracking.register_model)
     try:
         run.log_params({**(flatten(cfg) if params is None else params), **(extra_params or {})})
@@ -300,8 +319,9 @@ def job_run(cfg, job: str, *, tags: dict[str, str] | None = None, params: dict[s
         if run.model_location is None or not isinstance(err, Exception):
             raise
         if isinstance(err, TrackingError):
-            raise TrackingError(f"the model is saved at {run.model_location}, but tracking failed: {err}; "
-                                f"{marked}") from err
+            raise TrackingError(
+                f"the model is saved at {run.model_location}, but tracking failed: {err}; {marked}"
+            ) from err
         err.add_note(f"the model is saved at {run.model_location}; {marked}")
         raise
 
@@ -345,8 +365,13 @@ def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, 
         with warnings.catch_warnings():  # a local path fits two source kinds, both local: MLflow warns
             warnings.simplefilter("ignore", UserWarning)
             resolved = resolve_dataset_source(str(source))
-        dataset = Dataset(name=name, digest=digest[:DIGEST_CHARS], source_type=resolved._get_source_type(),
-                          source=resolved.to_json(), profile=json.dumps(profile))
+        dataset = Dataset(
+            name=name,
+            digest=digest[:DIGEST_CHARS],
+            source_type=resolved._get_source_type(),
+            source=resolved.to_json(),
+            profile=json.dumps(profile),
+        )
         inputs.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
     client = _client(tracking_uri)
     for attempt in range(DATASET_LOG_ATTEMPTS):

@@ -10,9 +10,10 @@ outcome.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from albert_dist import run_lock, tracking
 from albert_dist.config import ScalingSection, TrainSection, flatten
@@ -49,11 +50,22 @@ class Plan:
     def resolved(self) -> dict[str, Any]:
         """The plan as plain values, to compare plans: everything but the fingerprint (the config itself) and the
         functions (which act on what is listed here)."""
-        return {"task": repr(self.task), "train": self.train.model_dump(), "scaling": self.scaling.model_dump(),
-                "seed": self.seed, "name": self.name, "storage_path": str(self.storage_path),
-                "publish_to": str(self.publish_to), "resume_changes": self.resume_changes, "params": self.params,
-                "tags": self.tags, "label_names": self.label_names, "driver": self.driver, "inputs": self.inputs,
-                "data_digest": self.fingerprint["data"]}
+        return {
+            "task": repr(self.task),
+            "train": self.train.model_dump(),
+            "scaling": self.scaling.model_dump(),
+            "seed": self.seed,
+            "name": self.name,
+            "storage_path": str(self.storage_path),
+            "publish_to": str(self.publish_to),
+            "resume_changes": self.resume_changes,
+            "params": self.params,
+            "tags": self.tags,
+            "label_names": self.label_names,
+            "driver": self.driver,
+            "inputs": self.inputs,
+            "data_digest": self.fingerprint["data"],
+        }
 
 
 @dataclass
@@ -93,10 +105,18 @@ class TrainingJob:
 
 def base_plan(cfg, *, task: TaskSpec, train: TrainSection, data_digest: str | None, **rest: Any) -> Plan:
     """The plan of the job `cfg` with the parts every job takes from its run and scaling sections."""
-    return Plan(task=task, train=train, scaling=cfg.scaling, seed=cfg.run.seed, name=cfg.run.name,
-                storage_path=cfg.run.locate("ray"), publish_to=cfg.run.locate(),
-                fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest),
-                resume_changes=cfg.run.resume_changes, **rest)
+    return Plan(
+        task=task,
+        train=train,
+        scaling=cfg.scaling,
+        seed=cfg.run.seed,
+        name=cfg.run.name,
+        storage_path=cfg.run.locate("ray"),
+        publish_to=cfg.run.locate(),
+        fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest),
+        resume_changes=cfg.run.resume_changes,
+        **rest,
+    )
 
 
 def run_job(job: TrainingJob, cfg, callbacks: list | None = None) -> JobOutcome:
@@ -113,10 +133,20 @@ def run_job(job: TrainingJob, cfg, callbacks: list | None = None) -> JobOutcome:
             first, *rest = plan.banner or [job.name]
             print("\n".join([f"{first}; MLflow run {run.run_id}", *rest]))
             training_data_context()
-            result = run_training(name=plan.name, storage_path=plan.storage_path, task=plan.task, train=plan.train,
-                                  scaling=plan.scaling, seed=plan.seed, datasets=plan.datasets(),
-                                  tracking=(run.uri, run.run_id), publish_to=plan.publish_to, callbacks=callbacks,
-                                  fingerprint=plan.fingerprint, resume_changes=plan.resume_changes)
+            result = run_training(
+                name=plan.name,
+                storage_path=plan.storage_path,
+                task=plan.task,
+                train=plan.train,
+                scaling=plan.scaling,
+                seed=plan.seed,
+                datasets=plan.datasets(),
+                tracking=(run.uri, run.run_id),
+                publish_to=plan.publish_to,
+                callbacks=callbacks,
+                fingerprint=plan.fingerprint,
+                resume_changes=plan.resume_changes,
+            )
             model_dir = cfg.run.locate(checkpointing.PUBLISHED_MODEL)
             local_model = fetch_dir(model_dir)
             run.published(local_model, str(model_dir))
@@ -126,5 +156,6 @@ def run_job(job: TrainingJob, cfg, callbacks: list | None = None) -> JobOutcome:
                 run.log_metrics(final, step)
             run.log_model(job.mlflow_model(cfg), step, f"{cfg.run.name}-{job.model_kind}")
     best = cfg.run.locate(checkpointing.BEST_MODEL) if plan.train.publish == "last" else None
-    return JobOutcome(model_dir, best, run.uri, run.run_id, result.metrics, {**result.metrics, **final},
-                      plan.label_names)
+    return JobOutcome(
+        model_dir, best, run.uri, run.run_id, result.metrics, {**result.metrics, **final}, plan.label_names
+    )

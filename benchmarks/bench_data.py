@@ -53,11 +53,17 @@ def bench_prepare(paths: list[Path], work: Path, args) -> tuple[dict, Path]:
     tok_dir = work / "spm"
     train_sentencepiece(paths, tok_dir, args.vocab_size, input_sentence_size=200_000, progress=lambda _: None)
     print(f"tokenizer: trained {args.vocab_size} pieces in {time.perf_counter() - started:.1f} s (not counted)")
-    cfg = DataJobConfig.model_validate({
-        "run": {"output_dir": str(work)},
-        "data": {"inputs": [str(p) for p in paths], "max_seq_length": args.max_seq_length,
-                 "tokenizer_actors": args.cpus},
-        "tokenizer": {"path": str(tok_dir)}})
+    cfg = DataJobConfig.model_validate(
+        {
+            "run": {"output_dir": str(work)},
+            "data": {
+                "inputs": [str(p) for p in paths],
+                "max_seq_length": args.max_seq_length,
+                "tokenizer_actors": args.cpus,
+            },
+            "tokenizer": {"path": str(tok_dir)},
+        }
+    )
     summary = prepare_dataset(cfg, progress_bars=False, log=lambda _: None)
     return summary, work / "data/prepared"
 
@@ -70,14 +76,21 @@ def bench_collation(prepared: Path, args) -> None:
 
     data = load_prepared(prepared)
     rows = data.train.take_batch(args.batch_size * args.batches, batch_format="numpy")
-    batches = [{k: v[i:i + args.batch_size] for k, v in rows.items()}
-               for i in range(0, len(rows["input_ids"]), args.batch_size)]
+    batches = [
+        {k: v[i : i + args.batch_size] for k, v in rows.items()}
+        for i in range(0, len(rows["input_ids"]), args.batch_size)
+    ]
     ours = data.collator()
     hf_tok = HFAlbertTokenizer(vocab_file=str(prepared / "tokenizer/spiece.model"))
     hf = DataCollatorForLanguageModeling(hf_tok, mlm_probability=0.15, pad_to_multiple_of=8)
     # transformers takes a list of dicts of lists: converted up front, not timed.
-    hf_batches = [[{"input_ids": ids.tolist(), "token_type_ids": tt.tolist()}
-                   for ids, tt in zip(b["input_ids"], b["token_type_ids"])] for b in batches]
+    hf_batches = [
+        [
+            {"input_ids": ids.tolist(), "token_type_ids": tt.tolist()}
+            for ids, tt in zip(b["input_ids"], b["token_type_ids"])
+        ]
+        for b in batches
+    ]
 
     def timed(fn) -> float:
         fn()  # warm-up
@@ -101,14 +114,19 @@ def main() -> None:
     parser.add_argument("--corpus-mb", type=float, default=50.0)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--cpus", type=int, default=2, help="Ray CPUs = tokenizer actors")
-    parser.add_argument("--vocab-size", type=int, default=4000,
-                        help="the recombined corpus has ~5k distinct pieces at most")
+    parser.add_argument(
+        "--vocab-size", type=int, default=4000, help="the recombined corpus has ~5k distinct pieces at most"
+    )
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--train-tokens-per-s", type=float, default=1500.0,
-                        help="assumed ALBERT-base bf16 training throughput on this machine")
+    parser.add_argument(
+        "--train-tokens-per-s",
+        type=float,
+        default=1500.0,
+        help="assumed ALBERT-base bf16 training throughput on this machine",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
@@ -126,13 +144,19 @@ def main() -> None:
         print(f"corpus: {size:.1f} MB in {len(paths)} files, generated in {time.perf_counter() - started:.1f} s")
         summary, prepared = bench_prepare(paths, work, args)
         per_cpu = summary["tokens_per_second"] / args.cpus
-        print(f"prepare: {summary['documents']:,} documents, {summary['tokens']:,} tokens, "
-              f"{summary['instances']:,} instances in {summary['seconds']:.1f} s on {args.cpus} CPUs")
-        print(f"  {summary['tokens_per_second']:,.0f} input tokens/s ({per_cpu:,.0f} per CPU), "
-              f"{summary['instances_per_second']:,.0f} instances/s "
-              f"({summary['instances_per_second'] / args.cpus:,.0f} per CPU)")
-        print(f"  vs ALBERT-base training at an assumed {args.train_tokens_per_s:,.0f} tokens/s: "
-              f"{summary['tokens_per_second'] / args.train_tokens_per_s:.0f}x ahead (goal >= 10x)")
+        print(
+            f"prepare: {summary['documents']:,} documents, {summary['tokens']:,} tokens, "
+            f"{summary['instances']:,} instances in {summary['seconds']:.1f} s on {args.cpus} CPUs"
+        )
+        print(
+            f"  {summary['tokens_per_second']:,.0f} input tokens/s ({per_cpu:,.0f} per CPU), "
+            f"{summary['instances_per_second']:,.0f} instances/s "
+            f"({summary['instances_per_second'] / args.cpus:,.0f} per CPU)"
+        )
+        print(
+            f"  vs ALBERT-base training at an assumed {args.train_tokens_per_s:,.0f} tokens/s: "
+            f"{summary['tokens_per_second'] / args.train_tokens_per_s:.0f}x ahead (goal >= 10x)"
+        )
         bench_collation(prepared, args)
     ray.shutdown()
 

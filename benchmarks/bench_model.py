@@ -39,8 +39,13 @@ def make_batch(config: AlbertConfig, B: int, T: int, seed: int = 0) -> dict[str,
     types = (torch.arange(T) >= lengths[:, None] // 2) & real
     targets = (torch.rand(B, T, generator=g) < 0.15) & real
     targets[:, 0] = False
-    return dict(input_ids=ids.masked_fill(targets, MASK_ID), attention_mask=real.long(), token_type_ids=types.long(),
-                labels=torch.where(targets, ids, -100), sentence_order_label=torch.randint(0, 2, (B,), generator=g))
+    return dict(
+        input_ids=ids.masked_fill(targets, MASK_ID),
+        attention_mask=real.long(),
+        token_type_ids=types.long(),
+        labels=torch.where(targets, ids, -100),
+        sentence_order_label=torch.randint(0, 2, (B,), generator=g),
+    )
 
 
 def gemm_peak(dtype: torch.dtype, device: torch.device, n: int = 2048, reps: int = 3) -> tuple[float, str]:
@@ -101,7 +106,7 @@ def measure(models: dict, batch, dtype, steps: int, rounds: int) -> dict[str, fl
             print(f"  torch.compile + first step: {time.perf_counter() - start:.0f} s", flush=True)
     rates = {name: [] for name in models}
     for r in range(rounds):
-        for name in (list(models) if r % 2 == 0 else list(reversed(models))):
+        for name in list(models) if r % 2 == 0 else list(reversed(models)):
             model, optimizer = models[name]
             synchronize(batch["input_ids"].device)
             start = time.perf_counter()
@@ -146,10 +151,15 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device(args.device)
-    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else f"{cpu_name()}, {torch.get_num_threads()} threads")
-    print(f"machine: {where}; torch {torch.__version__}, transformers {transformers.__version__}; AdamW, "
-          f"{args.rounds} rounds x {args.steps} steps")
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"{cpu_name()}, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"machine: {where}; torch {torch.__version__}, transformers {transformers.__version__}; AdamW, "
+        f"{args.rounds} rounds x {args.steps} steps"
+    )
     print("| preset | dtype | shape | ours tok/s | transformers tok/s | ratio | MFU ours / transformers |")
     print("|---|---|---|---|---|---|---|")
     for dtype_name in args.dtypes.split(","):
@@ -164,11 +174,17 @@ def main() -> None:
                 batch = {k: v.to(device) for k, v in make_batch(config, B, T).items()}
                 rates = measure(models, batch, dtype, args.steps, args.rounds)
                 mfu = {name: rate * flops_per_token(config, T) / peak for name, rate in rates.items()}
-                print(f"| {preset} | {dtype_name} | {B}x{T} | {rates['ours']:.0f} | {rates['hf']:.0f} | "
-                      f"{rates['ours'] / rates['hf']:.2f}x | {mfu['ours']:.1%} / {mfu['hf']:.1%} |", flush=True)
+                print(
+                    f"| {preset} | {dtype_name} | {B}x{T} | {rates['ours']:.0f} | {rates['hf']:.0f} | "
+                    f"{rates['ours'] / rates['hf']:.2f}x | {mfu['ours']:.1%} / {mfu['hf']:.1%} |",
+                    flush=True,
+                )
                 if "compiled" in rates:
-                    print(f"  ours under torch.compile: {rates['compiled']:.0f} tok/s, "
-                          f"{rates['compiled'] / rates['ours']:.2f}x eager", flush=True)
+                    print(
+                        f"  ours under torch.compile: {rates['compiled']:.0f} tok/s, "
+                        f"{rates['compiled'] / rates['ours']:.2f}x eager",
+                        flush=True,
+                    )
                 del models
 
 

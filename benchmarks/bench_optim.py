@@ -27,8 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def module_at_commit(commit: str, path: str) -> types.ModuleType:
     """The source of `path` as it was at `commit`, imported as a throwaway module."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{path}"], check=True, capture_output=True,
-                            text=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{commit}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
     module = types.ModuleType(f"{Path(path).stem}_at_{commit}")
     exec(compile(source, f"{commit}:{path}", "exec"), module.__dict__)
     return module
@@ -54,7 +55,7 @@ def step_times(opts: dict[str, torch.optim.Optimizer], steps: int, rounds: int) 
         opt.step()  # state allocation
     times = {name: [] for name in opts}
     for r in range(rounds):
-        for name in (list(opts) if r % 2 == 0 else list(reversed(opts))):
+        for name in list(opts) if r % 2 == 0 else list(reversed(opts)):
             start = time.perf_counter()
             for _ in range(steps):
                 opts[name].step()
@@ -77,8 +78,10 @@ def main() -> None:
     count = sum(p.numel() for p in model.parameters())
     reference = module_at_commit(args.reference_commit, "albert_dist/train/optim.py")
     times = step_times(optimizers(model, reference), args.steps, args.rounds)
-    print(f"ALBERT-{args.preset}: {count / 1e6:.1f}M parameters in {len(list(model.parameters()))} tensors, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps")
+    print(
+        f"ALBERT-{args.preset}: {count / 1e6:.1f}M parameters in {len(list(model.parameters()))} tensors, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps"
+    )
     for name, seconds in times.items():
         print(f"  {name:24s} {seconds * 1e3:8.2f} ms/step")
     for kind in ("lamb", "adamw"):

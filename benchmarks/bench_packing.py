@@ -50,12 +50,23 @@ def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
 
     data_dir = prepare(root, seq)
     spec, _ = pretraining_task(data_dir, SimpleNamespace(preset=args.preset, batch_size=batch_size))
-    rows = (piece for _, piece in rank_batches(load_prepared(data_dir).train, batch_size=batch_size, rank=0,
-                                               world_size=1, seed=0, shuffle_buffer=SHUFFLE_BUFFER))
+    rows = (
+        piece
+        for _, piece in rank_batches(
+            load_prepared(data_dir).train,
+            batch_size=batch_size,
+            rank=0,
+            world_size=1,
+            seed=0,
+            shuffle_buffer=SHUFFLE_BUFFER,
+        )
+    )
     batches = list(enumerate(islice(rows, 1 + args.rounds * args.steps)))
     torch.manual_seed(0)
-    tasks = {packing: dataclasses.replace(spec, packing=packing).build(0, 1, dataset=lambda split: None)
-             for packing in (False, True)}
+    tasks = {
+        packing: dataclasses.replace(spec, packing=packing).build(0, 1, dataset=lambda split: None)
+        for packing in (False, True)
+    }
     initial = tasks[False].build_model().train()
     sides = {}
     for packing, task in tasks.items():
@@ -65,18 +76,25 @@ def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
     totals = {packing: [0, 0, 0.0] for packing in sides}
     ratios = []
     for r in range(args.rounds):
-        part = batches[1 + r * args.steps: 1 + (r + 1) * args.steps]
+        part = batches[1 + r * args.steps : 1 + (r + 1) * args.steps]
         rates = {}
         for packing, side in sides.items():
             tokens, slots, seconds = timed_steps(*side, part)
             totals[packing] = [a + b for a, b in zip(totals[packing], (tokens, slots, seconds))]
             rates[packing] = tokens / seconds
         ratios.append(rates[True] / rates[False])
-        print(f"{batch_size}x{seq} round {r}: padded {rates[False]:.0f} tok/s, packed {rates[True]:.0f} tok/s, "
-              f"ratio {ratios[-1]:.2f}", flush=True)
-    return {"fill_padded": totals[False][0] / totals[False][1], "fill_packed": totals[True][0] / totals[True][1],
-            "padded": totals[False][0] / totals[False][2], "packed": totals[True][0] / totals[True][2],
-            "ratio": statistics.median(ratios)}
+        print(
+            f"{batch_size}x{seq} round {r}: padded {rates[False]:.0f} tok/s, packed {rates[True]:.0f} tok/s, "
+            f"ratio {ratios[-1]:.2f}",
+            flush=True,
+        )
+    return {
+        "fill_padded": totals[False][0] / totals[False][1],
+        "fill_packed": totals[True][0] / totals[True][1],
+        "padded": totals[False][0] / totals[False][2],
+        "packed": totals[True][0] / totals[True][2],
+        "ratio": statistics.median(ratios),
+    }
 
 
 def main() -> None:
@@ -98,12 +116,16 @@ def main() -> None:
         for shape in args.shapes.split(","):
             batch_size, seq = map(int, shape.split("x"))
             results[shape] = measure(Path(tmp) / shape, batch_size, seq, args)
-    print(f"\n{args.preset}, fp32, {torch.get_num_threads()} threads, {args.steps} steps x {args.rounds} rounds "
-          f"per side (median ratio of the rounds)")
+    print(
+        f"\n{args.preset}, fp32, {torch.get_num_threads()} threads, {args.steps} steps x {args.rounds} rounds "
+        f"per side (median ratio of the rounds)"
+    )
     print("shape    | rows full padded | packed | padded tok/s | packed tok/s | ratio")
     for shape, m in results.items():
-        print(f"{shape:8} | {m['fill_padded']:16.0%} | {m['fill_packed']:6.0%} | {m['padded']:12.0f} | "
-              f"{m['packed']:12.0f} | {m['ratio']:.2f}x")
+        print(
+            f"{shape:8} | {m['fill_padded']:16.0%} | {m['fill_packed']:6.0%} | {m['padded']:12.0f} | "
+            f"{m['packed']:12.0f} | {m['ratio']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

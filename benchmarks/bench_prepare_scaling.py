@@ -29,8 +29,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ARMS = {"en-spm": ("en-pydocs", "sentencepiece", None), "zh-wp": ("zh-manpages", "wordpiece", None),
-        "zh-wp-jieba": ("zh-manpages", "wordpiece", "jieba")}
+ARMS = {
+    "en-spm": ("en-pydocs", "sentencepiece", None),
+    "zh-wp": ("zh-manpages", "wordpiece", None),
+    "zh-wp-jieba": ("zh-manpages", "wordpiece", "jieba"),
+}
 WHOLE = 10**12  # a range size above any file: the file is read by one task, as before ranges existed
 
 
@@ -56,17 +59,26 @@ def train_tokenizer(kind: str, corpus: Path, out: Path, vocab_size: int) -> Path
     return out
 
 
-def prepare(corpus: Path, tokenizer: Path, kind: str, segmenter: str | None, actors: int, range_bytes: int | None,
-            work: Path) -> dict:
+def prepare(
+    corpus: Path, tokenizer: Path, kind: str, segmenter: str | None, actors: int, range_bytes: int | None, work: Path
+) -> dict:
     from albert_dist.config import DataJobConfig
     from albert_dist.data import prepare_dataset
 
-    cfg = DataJobConfig.model_validate({
-        "run": {"output_dir": str(work)},
-        "data": {"inputs": [str(corpus)], "max_seq_length": 128, "tokenizer_actors": actors,
-                 "word_segmenter": segmenter, "range_bytes": range_bytes,
-                 "language": "zh" if kind == "wordpiece" else "en"},
-        "tokenizer": {"kind": kind, "path": str(tokenizer)}})
+    cfg = DataJobConfig.model_validate(
+        {
+            "run": {"output_dir": str(work)},
+            "data": {
+                "inputs": [str(corpus)],
+                "max_seq_length": 128,
+                "tokenizer_actors": actors,
+                "word_segmenter": segmenter,
+                "range_bytes": range_bytes,
+                "language": "zh" if kind == "wordpiece" else "en",
+            },
+            "tokenizer": {"kind": kind, "path": str(tokenizer)},
+        }
+    )
     return prepare_dataset(cfg, progress_bars=False, log=lambda _: None)
 
 
@@ -79,23 +91,38 @@ def per_core(corpus: Path, tokenizer: Path, kind: str, segmenter: str | None) ->
     from albert_dist.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
-    settings = ProcessSettings(spec=InstanceSpec(128, 0.1, tok.cls_id, tok.sep_id), word_segmenter=segmenter,
-                               language="zh" if kind == "wordpiece" else "en")
+    settings = ProcessSettings(
+        spec=InstanceSpec(128, 0.1, tok.cls_id, tok.sep_id),
+        word_segmenter=segmenter,
+        language="zh" if kind == "wordpiece" else "en",
+    )
     totals: Counter = Counter()
     processor = DocumentProcessor(tok, settings, tally=totals.update)
     cpu, wall = time.process_time(), time.perf_counter()
     documents, _ = parse_file(str(corpus), corpus.read_bytes(), "auto", "text")
     for i in range(0, len(documents), 64):
-        batch = documents[i:i + 64]
-        processor({"doc_key": np.array([d["doc_key"] for d in batch], object),
-                   "text": np.array([d["text"] for d in batch], object),
-                   "presplit": np.array([d["presplit"] for d in batch], bool)})
+        batch = documents[i : i + 64]
+        processor(
+            {
+                "doc_key": np.array([d["doc_key"] for d in batch], object),
+                "text": np.array([d["text"] for d in batch], object),
+                "presplit": np.array([d["presplit"] for d in batch], bool),
+            }
+        )
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     return {"tokens": totals["tokens"], "cpu_s": cpu, "wall_s": wall}
 
 
-def measure(args, corpus: Path, tokenizer: Path, kind: str, segmenter: str | None, cpus: int,
-            range_bytes: int | None, work: Path) -> dict:
+def measure(
+    args,
+    corpus: Path,
+    tokenizer: Path,
+    kind: str,
+    segmenter: str | None,
+    cpus: int,
+    range_bytes: int | None,
+    work: Path,
+) -> dict:
     import ray
 
     if args.address:
@@ -106,8 +133,13 @@ def measure(args, corpus: Path, tokenizer: Path, kind: str, segmenter: str | Non
     try:
         load_before = os.getloadavg()[0]
         summary = prepare(corpus, tokenizer, kind, segmenter, cpus, range_bytes, work)
-        return {"cpus": cpus, "tokens": summary["tokens"], "seconds": summary["seconds"],
-                "tokens_per_second": summary["tokens_per_second"], "load": (load_before, os.getloadavg()[0])}
+        return {
+            "cpus": cpus,
+            "tokens": summary["tokens"],
+            "seconds": summary["seconds"],
+            "tokens_per_second": summary["tokens_per_second"],
+            "load": (load_before, os.getloadavg()[0]),
+        }
     finally:
         ray.shutdown()
 
@@ -120,8 +152,11 @@ def main() -> None:
     parser.add_argument("--no-whole", action="store_true", help="skip the read-whole reference at the most CPUs")
     parser.add_argument("--address", help="attach to this Ray cluster instead of starting one per measurement")
     parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--per-core", action="store_true",
-                        help="only the per-core rate: one range's work in this process, CPU time (no Ray)")
+    parser.add_argument(
+        "--per-core",
+        action="store_true",
+        help="only the per-core rate: one range's work in this process, CPU time (no Ray)",
+    )
     args = parser.parse_args()
 
     print(f"machine: {_cpu_model()}, {os.cpu_count()} CPUs")
@@ -139,12 +174,17 @@ def main() -> None:
                 load = os.getloadavg()[0]
                 r = per_core(corpus, tokenizer, kind, segmenter)
                 rate = r["tokens"] / r["cpu_s"]
-                print(f"  one process, no Ray: {r['tokens']:,} tokens in {r['cpu_s']:.1f} s of CPU "
-                      f"({r['wall_s']:.1f} s wall): {rate:,.0f} tokens per CPU-second "
-                      f"({r['tokens'] / r['wall_s']:,.0f}/s wall)  load average {load:.1f} → {os.getloadavg()[0]:.1f}")
+                print(
+                    f"  one process, no Ray: {r['tokens']:,} tokens in {r['cpu_s']:.1f} s of CPU "
+                    f"({r['wall_s']:.1f} s wall): {rate:,.0f} tokens per CPU-second "
+                    f"({r['tokens'] / r['wall_s']:,.0f}/s wall)  load average {load:.1f} → {os.getloadavg()[0]:.1f}"
+                )
                 hours = 30e9 * r["tokens"] / corpus.stat().st_size / (rate * 64) / 3600
-                print(f"  30 GB of this text ({r['tokens'] / corpus.stat().st_size:.2f} tokens/byte) on 64 cores "
-                      f"at this rate: {hours:.1f} h", flush=True)
+                print(
+                    f"  30 GB of this text ({r['tokens'] / corpus.stat().st_size:.2f} tokens/byte) on 64 cores "
+                    f"at this rate: {hours:.1f} h",
+                    flush=True,
+                )
                 continue
             rates = {}
             runs = [(c, None) for c in args.cpus] + ([] if args.no_whole else [(max(args.cpus), WHOLE)])
@@ -152,22 +192,29 @@ def main() -> None:
                 r = measure(args, corpus, tokenizer, kind, segmenter, cpus, range_bytes, work / f"{arm}-{index}")
                 how = "read whole (one task)" if range_bytes == WHOLE else "cut into ranges"
                 rates[r["cpus"], range_bytes] = r["tokens_per_second"]
-                print(f"  {r['cpus']} CPU(s), {how:<22} {r['tokens']:>10,} tokens in {r['seconds']:>7.1f} s: "
-                      f"{r['tokens_per_second']:>9,.0f} tokens/s ({r['tokens_per_second'] / r['cpus']:>8,.0f} per "
-                      f"CPU)  load average {r['load'][0]:.1f} → {r['load'][1]:.1f}", flush=True)
+                print(
+                    f"  {r['cpus']} CPU(s), {how:<22} {r['tokens']:>10,} tokens in {r['seconds']:>7.1f} s: "
+                    f"{r['tokens_per_second']:>9,.0f} tokens/s ({r['tokens_per_second'] / r['cpus']:>8,.0f} per "
+                    f"CPU)  load average {r['load'][0]:.1f} → {r['load'][1]:.1f}",
+                    flush=True,
+                )
             cut = sorted((c, rate) for (c, rb), rate in rates.items() if rb is None)
             if len(cut) > 1:
                 (c1, r1), (c2, r2) = cut[0], cut[-1]
                 print(f"  scaling {c1} → {c2} CPUs: {r2 / r1:.2f}x (goal >= 1.7x from 1 to 2)")
             if (max(args.cpus), WHOLE) in rates and (max(args.cpus), None) in rates:
-                print(f"  cut vs read whole at {max(args.cpus)} CPUs: "
-                      f"{rates[max(args.cpus), None] / rates[max(args.cpus), WHOLE]:.2f}x")
+                print(
+                    f"  cut vs read whole at {max(args.cpus)} CPUs: "
+                    f"{rates[max(args.cpus), None] / rates[max(args.cpus), WHOLE]:.2f}x"
+                )
             one_cpu = rates.get((1, None))
             if one_cpu:
                 tokens_per_byte = r["tokens"] / corpus.stat().st_size
                 hours = 30e9 * tokens_per_byte / (one_cpu * 64) / 3600
-                print(f"  30 GB of this text ({tokens_per_byte:.2f} tokens/byte) on 64 cores at the 1-CPU rate: "
-                      f"{hours:.1f} h")
+                print(
+                    f"  30 GB of this text ({tokens_per_byte:.2f} tokens/byte) on 64 cores at the 1-CPU rate: "
+                    f"{hours:.1f} h"
+                )
 
 
 def _cpu_model() -> str:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from albert_dist.config import (DataJobConfig, PretrainJobConfig, ScalingSection, TrainSection,
-                                load_config)
+from albert_dist.config import DataJobConfig, PretrainJobConfig, ScalingSection, TrainSection, load_config
 
 
 def matmul_peak_tflops(precision: str, size: int = 2048, repeats: int = 5) -> float:
@@ -39,9 +38,19 @@ def prepare(root: Path, max_seq_length: int) -> Path:
     from albert_dist.demo_corpus import write_stdlib_corpus
 
     corpus = write_stdlib_corpus(root / "corpus.txt", max_chars=1_500_000)
-    cfg = load_config(DataJobConfig, None, [f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=blocks",
-                                            "data.output=prepared", f"data.max_seq_length={max_seq_length}",
-                                            "data.eval_fraction=0.01", "tokenizer.vocab_size=4000"])
+    cfg = load_config(
+        DataJobConfig,
+        None,
+        [
+            f"run.output_dir={root}",
+            f"data.inputs=[{corpus}]",
+            "data.format=blocks",
+            "data.output=prepared",
+            f"data.max_seq_length={max_seq_length}",
+            "data.eval_fraction=0.01",
+            "tokenizer.vocab_size=4000",
+        ],
+    )
     prepare_dataset(cfg)
     return root / "prepared"
 
@@ -57,8 +66,16 @@ def pretraining_task(data_dir: Path, args):
 
 
 def settings(args) -> TrainSection:
-    return TrainSection(precision=args.precision, max_steps=args.steps, warmup_steps=1, log_every=args.steps,
-                        eval_every=10**6, checkpoint_every=10**6, batch_size=args.batch_size, max_failures=0)
+    return TrainSection(
+        precision=args.precision,
+        max_steps=args.steps,
+        warmup_steps=1,
+        log_every=args.steps,
+        eval_every=10**6,
+        checkpoint_every=10**6,
+        batch_size=args.batch_size,
+        max_failures=0,
+    )
 
 
 def plain_loop(spec, train, args) -> float:
@@ -76,9 +93,15 @@ def plain_loop(spec, train, args) -> float:
 def ray_train(spec, train, args, storage: Path, round_index: int) -> float:
     from albert_dist.train.ray_runner import run_training
 
-    result = run_training(name=f"bench-{round_index}", storage_path=storage, task=spec, train=settings(args),
-                          scaling=ScalingSection(num_workers=1, cpus_per_worker=args.cpus), seed=0,
-                          datasets={"train": train})
+    result = run_training(
+        name=f"bench-{round_index}",
+        storage_path=storage,
+        task=spec,
+        train=settings(args),
+        scaling=ScalingSection(num_workers=1, cpus_per_worker=args.cpus),
+        seed=0,
+        datasets={"train": train},
+    )
     return result.metrics["tokens_per_s"]
 
 
@@ -88,8 +111,12 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per measurement (the first window "
-                                                            "includes start-up, as in any real run)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        help="optimizer steps per measurement (the first window includes start-up, as in any real run)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cpus", type=float, default=1.0, help="CPUs reserved by the Ray Train worker")
     args = parser.parse_args()
@@ -115,12 +142,15 @@ def main() -> None:
     flops = model.flops_per_token(args.seq)
     peak = matmul_peak_tflops(args.precision)
     p, d = statistics.median(plain), statistics.median(distributed)
-    print(f"\n{args.preset} ({model.num_parameters() / 1e6:.1f}M params), {args.precision}, "
-          f"batch {args.batch_size} x {args.seq}, {args.steps} steps x {args.rounds} rounds")
+    print(
+        f"\n{args.preset} ({model.num_parameters() / 1e6:.1f}M params), {args.precision}, "
+        f"batch {args.batch_size} x {args.seq}, {args.steps} steps x {args.rounds} rounds"
+    )
     print(f"plain PyTorch loop : {p:8.0f} tok/s  MFU {flops * p / 1e12 / peak:6.1%}")
     print(f"Ray Train, 1 worker: {d:8.0f} tok/s  MFU {flops * d / 1e12 / peak:6.1%}")
-    print(f"ratio Ray Train / plain: {d / p:.2f}   (matmul peak {peak * 1e3:.1f} GFLOP/s, "
-          f"{flops / 1e9:.2f} GFLOP/token)")
+    print(
+        f"ratio Ray Train / plain: {d / p:.2f}   (matmul peak {peak * 1e3:.1f} GFLOP/s, {flops / 1e9:.2f} GFLOP/token)"
+    )
 
 
 if __name__ == "__main__":

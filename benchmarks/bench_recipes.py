@@ -50,22 +50,30 @@ class MemorySplit:
         import pyarrow as pa
 
         self.table = pa.concat_tables([pq.read_table(p) for p in paths])
-        self.columns = {name: self.table.column(name).to_numpy(zero_copy_only=False)
-                        for name in self.table.column_names}
+        self.columns = {
+            name: self.table.column(name).to_numpy(zero_copy_only=False) for name in self.table.column_names
+        }
 
-    def iter_batches(self, *, batch_size: int, batch_format: str = "numpy", drop_last: bool = False,
-                     local_shuffle_buffer_size: int = 0, local_shuffle_seed: int | None = None):
+    def iter_batches(
+        self,
+        *,
+        batch_size: int,
+        batch_format: str = "numpy",
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int = 0,
+        local_shuffle_seed: int | None = None,
+    ):
         n = self.table.num_rows
-        order = (np.random.default_rng(local_shuffle_seed).permutation(n) if local_shuffle_buffer_size
-                 else np.arange(n))
+        order = np.random.default_rng(local_shuffle_seed).permutation(n) if local_shuffle_buffer_size else np.arange(n)
         stop = n - n % batch_size if drop_last else n
         for start in range(0, stop, batch_size):
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             yield {name: column[rows] for name, column in self.columns.items()}
 
 
-def prepare(root: Path, corpus: str, zh_path: str, seq: int, vocab: int, eval_fraction: float,
-            tokenizer_of: Path | None = None) -> Path:
+def prepare(
+    root: Path, corpus: str, zh_path: str, seq: int, vocab: int, eval_fraction: float, tokenizer_of: Path | None = None
+) -> Path:
     """The corpus prepared at `seq` tokens with a new tokenizer of `vocab` pieces, or with the tokenizer of the
     prepared data `tokenizer_of` (the short phase of a schedule must share the model's vocabulary)."""
     from albert_dist.data.prepare import prepare_dataset
@@ -81,9 +89,19 @@ def prepare(root: Path, corpus: str, zh_path: str, seq: int, vocab: int, eval_fr
     else:
         source, fmt = zh_path if corpus == "zh" else corpus, "blocks"
     tokenizer = f"tokenizer.path={tokenizer_of / 'tokenizer'}" if tokenizer_of else f"tokenizer.vocab_size={vocab}"
-    cfg = load_config(DataJobConfig, None, [
-        f"run.output_dir={root}", f"data.inputs=[{source}]", f"data.format={fmt}", f"data.output={out.name}",
-        f"data.max_seq_length={seq}", f"data.eval_fraction={eval_fraction}", tokenizer])
+    cfg = load_config(
+        DataJobConfig,
+        None,
+        [
+            f"run.output_dir={root}",
+            f"data.inputs=[{source}]",
+            f"data.format={fmt}",
+            f"data.output={out.name}",
+            f"data.max_seq_length={seq}",
+            f"data.eval_fraction={eval_fraction}",
+            tokenizer,
+        ],
+    )
     prepare_dataset(cfg)
     return out
 
@@ -94,12 +112,22 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     from albert_dist.train.loop import Trainer, WorkerEnv
 
     prepared = load_prepared(data_dir)
-    cfg = load_config(PretrainJobConfig, None, [
-        f"run.output_dir={data_dir.parent}", f"model.preset={args.preset}", "train.precision=fp32",
-        f"train.batch_size={args.batch_size}", f"train.eval_every={args.eval_every}",
-        f"train.eval_batches={args.eval_batches}", f"train.log_every={args.eval_every}",
-        f"train.checkpoint_every={10 * args.steps}", *overrides,
-        *([] if any(o.startswith("train.phases=") for o in overrides) else [f"train.max_steps={args.steps}"])])
+    cfg = load_config(
+        PretrainJobConfig,
+        None,
+        [
+            f"run.output_dir={data_dir.parent}",
+            f"model.preset={args.preset}",
+            "train.precision=fp32",
+            f"train.batch_size={args.batch_size}",
+            f"train.eval_every={args.eval_every}",
+            f"train.eval_batches={args.eval_batches}",
+            f"train.log_every={args.eval_every}",
+            f"train.checkpoint_every={10 * args.steps}",
+            *overrides,
+            *([] if any(o.startswith("train.phases=") for o in overrides) else [f"train.max_steps={args.steps}"]),
+        ],
+    )
     phases = open_phases(cfg, prepared, pretraining_model_config(cfg, prepared.manifest))
     trained = {f"train_{i}": phase.prepared for i, phase in enumerate(phases)} or {"train": prepared}
     splits = {split: MemorySplit(data.shard_paths("train")) for split, data in trained.items()}
@@ -107,41 +135,62 @@ def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     task = pretraining_spec(cfg, prepared, data_dir, phases=phases).build(0, 1, dataset=lambda split: splits[split])
     own_eval_batches = task.eval_batches
     if args.eval_masking:
-        task.eval_batches = evaluated_with_masking(task, own_eval_batches, prepared.manifest,
-                                                   shlex.split(args.eval_masking))
+        task.eval_batches = evaluated_with_masking(
+            task, own_eval_batches, prepared.manifest, shlex.split(args.eval_masking)
+        )
     curve: list[dict] = []
     started, second_evaluations = time.perf_counter(), 0.0  # the latter left out of the arm's clock
 
     def log_metrics(metrics: dict, step: int) -> None:
         nonlocal second_evaluations
         if "eval_mlm_accuracy" in metrics:
-            point = {"step": step, "seconds": round(time.perf_counter() - started, 1),
-                     **{k: round(v, 4) for k, v in metrics.items() if k.startswith("eval_")}}
+            point = {
+                "step": step,
+                "seconds": round(time.perf_counter() - started, 1),
+                **{k: round(v, 4) for k, v in metrics.items() if k.startswith("eval_")},
+            }
             also = ""
             if args.also_eval_masking:
-                extra = evaluate_also(trainer, task, own_eval_batches, prepared.manifest,
-                                      shlex.split(args.also_eval_masking))
+                extra = evaluate_also(
+                    trainer, task, own_eval_batches, prepared.manifest, shlex.split(args.also_eval_masking)
+                )
                 second_evaluations += extra.pop("seconds")
                 point.update({f"also_{k}": round(v, 4) for k, v in extra.items()})
-                also = (f" | also-masks MLM {extra['eval_mlm_accuracy']:.3f} "
-                        f"(unigram {extra.get('eval_mlm_unigram_baseline', float('nan')):.3f})")
+                also = (
+                    f" | also-masks MLM {extra['eval_mlm_accuracy']:.3f} "
+                    f"(unigram {extra.get('eval_mlm_unigram_baseline', float('nan')):.3f})"
+                )
             point["seconds"] = round(point["seconds"] - second_evaluations, 1)
             curve.append(point)
-            print(f"  {name} step {step}: MLM {metrics['eval_mlm_accuracy']:.3f} (unigram "
-                  f"{metrics.get('eval_mlm_unigram_baseline', float('nan')):.3f}) SOP "
-                  f"{metrics['eval_sop_accuracy']:.3f}{also}  {point['seconds']:.0f}s", flush=True)
+            print(
+                f"  {name} step {step}: MLM {metrics['eval_mlm_accuracy']:.3f} (unigram "
+                f"{metrics.get('eval_mlm_unigram_baseline', float('nan')):.3f}) SOP "
+                f"{metrics['eval_sop_accuracy']:.3f}{also}  {point['seconds']:.0f}s",
+                flush=True,
+            )
 
-    trainer = Trainer(task, cfg.train, WorkerEnv(log_metrics=log_metrics, print_fn=lambda line: None),
-                      seed=cfg.run.seed)
+    trainer = Trainer(
+        task, cfg.train, WorkerEnv(log_metrics=log_metrics, print_fn=lambda line: None), seed=cfg.run.seed
+    )
     result = trainer.fit()
     slots = [(p.steps, p.batch_size * p.max_seq_length) for p in phases] or [
-        (cfg.train.max_steps, cfg.train.batch_size * prepared.manifest["max_seq_length"])]
+        (cfg.train.max_steps, cfg.train.batch_size * prepared.manifest["max_seq_length"])
+    ]
     token_slots = sum(steps * per_step for steps, per_step in slots) * cfg.train.grad_accum_steps
-    reached = {f"{metric}>={t}": next((p["step"] for p in curve if p.get(metric, 0) >= t), None)
-               for metric, targets in THRESHOLDS.items() for t in targets}
-    return {"arm": name, "overrides": overrides, "status": result["status"], "token_slots": token_slots,
-            "seconds": round(time.perf_counter() - started - second_evaluations, 1), "reached": reached,
-            "curve": curve}
+    reached = {
+        f"{metric}>={t}": next((p["step"] for p in curve if p.get(metric, 0) >= t), None)
+        for metric, targets in THRESHOLDS.items()
+        for t in targets
+    }
+    return {
+        "arm": name,
+        "overrides": overrides,
+        "status": result["status"],
+        "token_slots": token_slots,
+        "seconds": round(time.perf_counter() - started - second_evaluations, 1),
+        "reached": reached,
+        "curve": curve,
+    }
 
 
 def evaluate_also(trainer, task, own_eval_batches, manifest: dict, overrides: list[str]) -> dict:
@@ -162,8 +211,9 @@ def evaluated_with_masking(task, own_eval_batches, manifest: dict, overrides: li
     single-token masks, as transformers' MLM collator draws them) instead of as the data was prepared."""
     from albert_dist.data.masking import MaskingCollator
 
-    eval_collator = MaskingCollator.from_manifest(manifest, load_config(PretrainJobConfig, None, overrides).masking,
-                                                  mask_all=True)
+    eval_collator = MaskingCollator.from_manifest(
+        manifest, load_config(PretrainJobConfig, None, overrides).masking, mask_all=True
+    )
 
     def masked_for_evaluation():
         own_collator, task.eval_collator = task.eval_collator, eval_collator
@@ -199,44 +249,64 @@ def first_step_sizes(data_dir: Path, args) -> None:
         for source, target in zip(model.parameters(), copy_.parameters()):
             target.grad = source.grad.clone()
         before = {n: p.detach().clone() for n, p in copy_.named_parameters()}
-        optimizer = optim.build_optimizer(train.optimizer, optim.parameter_groups(copy_.named_parameters(),
-                                                                                  train.weight_decay),
-                                          train.learning_rate, (train.adam_beta1, train.adam_beta2),
-                                          train.adam_epsilon, train.weight_decay)
+        optimizer = optim.build_optimizer(
+            train.optimizer,
+            optim.parameter_groups(copy_.named_parameters(), train.weight_decay),
+            train.learning_rate,
+            (train.adam_beta1, train.adam_beta2),
+            train.adam_epsilon,
+            train.weight_decay,
+        )
         optimizer.step()
-        rms = [(p.detach() - before[n]).pow(2).mean().sqrt().item() for n, p in copy_.named_parameters()
-               if p.dim() == 2]
+        rms = [
+            (p.detach() - before[n]).pow(2).mean().sqrt().item() for n, p in copy_.named_parameters() if p.dim() == 2
+        ]
         print(f"{name}: median RMS change of a weight matrix in the first step {statistics.median(rms):.2e}")
 
 
 def table(results: list[dict]) -> str:
     keys = [f"{m}>={t}" for m, targets in THRESHOLDS.items() for t in targets]
-    head = "| arm | " + " | ".join(k.replace("eval_", "").replace("_accuracy", "") for k in keys) + \
-           " | final MLM | final SOP | unigram | s/step |"
+    head = (
+        "| arm | "
+        + " | ".join(k.replace("eval_", "").replace("_accuracy", "") for k in keys)
+        + " | final MLM | final SOP | unigram | s/step |"
+    )
     lines = [head, "|" + "---|" * (len(keys) + 5)]
     for r in results:
         last = r["curve"][-1] if r["curve"] else {}
         steps = last.get("step", 1)
         cells = [str(r["reached"][k]) if r["reached"][k] is not None else "—" for k in keys]
-        lines.append(f"| {r['arm']} | " + " | ".join(cells) +
-                     f" | {last.get('eval_mlm_accuracy', float('nan')):.3f} | "
-                     f"{last.get('eval_sop_accuracy', float('nan')):.3f} | "
-                     f"{last.get('eval_mlm_unigram_baseline', float('nan')):.3f} | {r['seconds'] / steps:.2f} |")
+        lines.append(
+            f"| {r['arm']} | " + " | ".join(cells) + f" | {last.get('eval_mlm_accuracy', float('nan')):.3f} | "
+            f"{last.get('eval_sop_accuracy', float('nan')):.3f} | "
+            f"{last.get('eval_mlm_unigram_baseline', float('nan')):.3f} | {r['seconds'] / steps:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", default="zh", help="zh (the --zh-path file), en (the standard library's "
-                                                        "docstrings) or a text file of blank-line separated documents")
+    parser.add_argument(
+        "--corpus",
+        default="zh",
+        help="zh (the --zh-path file), en (the standard library's "
+        "docstrings) or a text file of blank-line separated documents",
+    )
     parser.add_argument("--zh-path", default="/work/corpora/zh_fortunes.txt")
     parser.add_argument("--data-root", default="/tmp/albert-recipes")
-    parser.add_argument("--prepared", type=Path, help="train on this prepared data (e.g. data prepare's with "
-                                                        "jobs/configs/prepare_zh.yaml) instead of preparing --corpus")
+    parser.add_argument(
+        "--prepared",
+        type=Path,
+        help="train on this prepared data (e.g. data prepare's with "
+        "jobs/configs/prepare_zh.yaml) instead of preparing --corpus",
+    )
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--short-seq", type=int, help="also prepare the corpus at this length with the --seq data's "
-                                                       "tokenizer, for arms with train.phases")
+    parser.add_argument(
+        "--short-seq",
+        type=int,
+        help="also prepare the corpus at this length with the --seq data's tokenizer, for arms with train.phases",
+    )
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--eval-fraction", type=float, default=0.05)
     parser.add_argument("--steps", type=int, default=400)
@@ -244,25 +314,46 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--eval-masking", metavar="OVERRIDES",
-                        help="evaluate every arm with these masking.* overrides instead of the masking the data "
-                             "was prepared with")
-    parser.add_argument("--also-eval-masking", metavar="OVERRIDES",
-                        help="at each evaluation also evaluate with these masking.* overrides (e.g. single-token "
-                             "masks: \"masking.whole_word=false masking.max_ngram=1\"), reported as also_*")
-    parser.add_argument("--arm", action="append", required=True, metavar="NAME=OVERRIDES",
-                        help="an arm: its name and space-separated --set overrides")
+    parser.add_argument(
+        "--eval-masking",
+        metavar="OVERRIDES",
+        help="evaluate every arm with these masking.* overrides instead of the masking the data was prepared with",
+    )
+    parser.add_argument(
+        "--also-eval-masking",
+        metavar="OVERRIDES",
+        help="at each evaluation also evaluate with these masking.* overrides (e.g. single-token "
+        'masks: "masking.whole_word=false masking.max_ngram=1"), reported as also_*',
+    )
+    parser.add_argument(
+        "--arm",
+        action="append",
+        required=True,
+        metavar="NAME=OVERRIDES",
+        help="an arm: its name and space-separated --set overrides",
+    )
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--prepare-only", action="store_true")
-    parser.add_argument("--first-step", action="store_true",
-                        help="only print how far each arm's optimizer moves the weights in its first step")
+    parser.add_argument(
+        "--first-step",
+        action="store_true",
+        help="only print how far each arm's optimizer moves the weights in its first step",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data_dir = args.prepared or prepare(Path(args.data_root), args.corpus, args.zh_path, args.seq, args.vocab,
-                                        args.eval_fraction)
+    data_dir = args.prepared or prepare(
+        Path(args.data_root), args.corpus, args.zh_path, args.seq, args.vocab, args.eval_fraction
+    )
     if args.short_seq:
-        prepare(Path(args.data_root), args.corpus, args.zh_path, args.short_seq, args.vocab, args.eval_fraction,
-                tokenizer_of=data_dir)
+        prepare(
+            Path(args.data_root),
+            args.corpus,
+            args.zh_path,
+            args.short_seq,
+            args.vocab,
+            args.eval_fraction,
+            tokenizer_of=data_dir,
+        )
     if args.prepare_only:
         return
     if args.first_step:
@@ -274,8 +365,10 @@ def main() -> None:
         results.append(run_arm(name, shlex.split(overrides), data_dir, args))
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"\n{args.corpus}, {args.preset}, batch {args.batch_size} x {args.seq}, {args.threads} thread(s); "
-          f"steps to the threshold (evaluated every {args.eval_every}):")
+    print(
+        f"\n{args.corpus}, {args.preset}, batch {args.batch_size} x {args.seq}, {args.threads} thread(s); "
+        f"steps to the threshold (evaluated every {args.eval_every}):"
+    )
     print(table(results))
 
 

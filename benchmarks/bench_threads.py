@@ -29,9 +29,18 @@ def steps(config: dict) -> None:
     if config["threads"]:
         torch.set_num_threads(config["threads"])
     torch.manual_seed(0)
-    model = ray.train.torch.prepare_model(AlbertForPreTraining(AlbertConfig(
-        vocab_size=3000, embedding_size=128, hidden_size=128, num_attention_heads=4, intermediate_size=512,
-        num_hidden_layers=4)))
+    model = ray.train.torch.prepare_model(
+        AlbertForPreTraining(
+            AlbertConfig(
+                vocab_size=3000,
+                embedding_size=128,
+                hidden_size=128,
+                num_attention_heads=4,
+                intermediate_size=512,
+                num_hidden_layers=4,
+            )
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch, seq = config["batch_size"], 64
     ids = torch.randint(5, 3000, (batch, seq))
@@ -65,15 +74,25 @@ def main() -> None:
         for name, threads in (("torch-default", 0), ("torch_threads", torch_threads(scaling))):
             out = Path(storage) / f"{name}.json"
             ray.train.torch.TorchTrainer(
-                steps, train_loop_config={"threads": threads, "steps": args.steps, "batch_size": args.batch_size,
-                                          "out": str(out)},
+                steps,
+                train_loop_config={
+                    "threads": threads,
+                    "steps": args.steps,
+                    "batch_size": args.batch_size,
+                    "out": str(out),
+                },
                 scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-                run_config=ray.train.RunConfig(name=name, storage_path=storage)).fit()
+                run_config=ray.train.RunConfig(name=name, storage_path=storage),
+            ).fit()
             figures[name] = json.loads(out.read_text())
-            print(f"{name:14s}: {figures[name]['ms_per_step']:6.0f} ms/step with {figures[name]['threads']} "
-                  f"torch thread(s) per worker")
-    print(f"torch_threads vs torch default: "
-          f"{figures['torch-default']['ms_per_step'] / figures['torch_threads']['ms_per_step']:.1f}x faster")
+            print(
+                f"{name:14s}: {figures[name]['ms_per_step']:6.0f} ms/step with {figures[name]['threads']} "
+                f"torch thread(s) per worker"
+            )
+    print(
+        f"torch_threads vs torch default: "
+        f"{figures['torch-default']['ms_per_step'] / figures['torch_threads']['ms_per_step']:.1f}x faster"
+    )
 
 
 if __name__ == "__main__":

@@ -104,8 +104,10 @@ def race(name: str, lines: list[str], contenders: dict, repeats: int) -> None:
     reference = next(iter(contenders))
     print(f"{name}: {len(lines):,} sentences, {tokens:,} tokens, identical ids")
     for label in contenders:
-        print(f"  {label:<44} {tokens / cpu_s[label]:>10,.0f} tokens/CPU-s  ×{cpu_s[reference] / cpu_s[label]:.2f}"
-              f"   ({tokens / wall_s[label]:,.0f} tokens/wall-s  ×{wall_s[reference] / wall_s[label]:.2f})")
+        print(
+            f"  {label:<44} {tokens / cpu_s[label]:>10,.0f} tokens/CPU-s  ×{cpu_s[reference] / cpu_s[label]:.2f}"
+            f"   ({tokens / wall_s[label]:,.0f} tokens/wall-s  ×{wall_s[reference] / wall_s[label]:.2f})"
+        )
 
 
 def main() -> None:
@@ -122,16 +124,29 @@ def main() -> None:
             zh = sentences_of(args.zh, args.sentences)
             (tmp / "zh.txt").write_text("\n".join(zh) + "\n", encoding="utf-8")
             train_wordpiece(tmp / "zh.txt", tmp / "wp", 21128, progress=lambda _: None)
-            race("WordPiece, Chinese", zh, {"pure Python (transformers' BasicTokenizer)": python_wordpiece(tmp / "wp"),
-                                            "albert-dist": project_path(load_tokenizer(tmp / "wp"))}, args.repeats)
+            race(
+                "WordPiece, Chinese",
+                zh,
+                {
+                    "pure Python (transformers' BasicTokenizer)": python_wordpiece(tmp / "wp"),
+                    "albert-dist": project_path(load_tokenizer(tmp / "wp")),
+                },
+                args.repeats,
+            )
         from albert_dist.demo_corpus import write_stdlib_corpus
 
         corpus = write_stdlib_corpus(tmp / "en.txt", max_chars=args.en_chars)
         en = sentences_of(corpus, args.sentences)
         train_sentencepiece(corpus, tmp / "sp", 4000, progress=lambda _: None)
-        race("SentencePiece, English", en, {"per line (encode + digit-comma split)":
-                                            per_line_sentencepiece(tmp / "sp" / "spiece.model"),
-                                            "albert-dist": project_path(load_tokenizer(tmp / "sp"))}, args.repeats)
+        race(
+            "SentencePiece, English",
+            en,
+            {
+                "per line (encode + digit-comma split)": per_line_sentencepiece(tmp / "sp" / "spiece.model"),
+                "albert-dist": project_path(load_tokenizer(tmp / "sp")),
+            },
+            args.repeats,
+        )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import transformers
-
 from bench_finetune_hf import REPO, machine
 
 CONFIGS = {"zh": ("prepare_zh.yaml", "pretrain_zh.yaml"), "en": ("prepare_data.yaml", "pretrain_tiny.yaml")}
@@ -86,8 +85,15 @@ def run_ours(args, work: Path, train_text: Path) -> dict:
     prepare, pretrain = CONFIGS[args.language]
     common = ["--set", f"run.output_dir={work}", "--set", "data.output=prepared"]
     if not (work / "prepared" / "manifest.json").exists():
-        cli("data", "prepare", "--config", REPO / "jobs/configs" / prepare, *common, "--set",
-            f"data.inputs=[{train_text}]")
+        cli(
+            "data",
+            "prepare",
+            "--config",
+            REPO / "jobs/configs" / prepare,
+            *common,
+            "--set",
+            f"data.inputs=[{train_text}]",
+        )
     overrides = [a for s in args.ours_set for a in ("--set", s)]
     name = f"ours-{time.strftime('%H%M%S')}"  # a run of its own, not a resume of an earlier one
     started = time.perf_counter()
@@ -101,8 +107,12 @@ def run_ours(args, work: Path, train_text: Path) -> dict:
     lengths = pq.read_table(load_prepared(work / "prepared").shard_paths("train")).column("input_ids")
     mean_length = sum(len(chunk.values) for chunk in lengths.chunks) / len(lengths)
     batch = cfg.train.batch_size * cfg.scaling.num_workers * cfg.train.grad_accum_steps
-    return {"seconds": seconds, "steps": steps, "tokens": steps * batch * mean_length,
-            "model": str(work / name / "model")}
+    return {
+        "seconds": seconds,
+        "steps": steps,
+        "tokens": steps * batch * mean_length,
+        "model": str(work / name / "model"),
+    }
 
 
 class TimeLimit(transformers.TrainerCallback):
@@ -123,7 +133,7 @@ def hf_blocks(tokenizer, train_text: Path) -> list[dict]:
     """run_mlm's preprocessing: each line tokenized (with its specials), all concatenated, cut into blocks."""
     lines = [line for line in train_text.read_text(encoding="utf-8").splitlines() if line.strip()]
     ids = [i for encoded in tokenizer(lines)["input_ids"] for i in encoded]
-    return [{"input_ids": ids[start:start + BLOCK]} for start in range(0, len(ids) - BLOCK + 1, BLOCK)]
+    return [{"input_ids": ids[start : start + BLOCK]} for start in range(0, len(ids) - BLOCK + 1, BLOCK)]
 
 
 def run_hf(args, work: Path, train_text: Path, ours: dict, lr: float) -> dict:
@@ -137,12 +147,24 @@ def run_hf(args, work: Path, train_text: Path, ours: dict, lr: float) -> dict:
 
     def trainer(out: Path, max_steps: int, callbacks=()):
         training = transformers.TrainingArguments(
-            output_dir=str(out), per_device_train_batch_size=HF_BATCH, learning_rate=lr, max_steps=max_steps,
-            lr_scheduler_type="linear", optim="adamw_torch", logging_steps=50, save_strategy="no",
-            report_to=[], seed=args.seed, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+            output_dir=str(out),
+            per_device_train_batch_size=HF_BATCH,
+            learning_rate=lr,
+            max_steps=max_steps,
+            lr_scheduler_type="linear",
+            optim="adamw_torch",
+            logging_steps=50,
+            save_strategy="no",
+            report_to=[],
+            seed=args.seed,
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
         model = transformers.AlbertForMaskedLM(config)
-        return transformers.Trainer(model=model, args=training, train_dataset=blocks, data_collator=collator,
-                                    callbacks=list(callbacks))
+        return transformers.Trainer(
+            model=model, args=training, train_dataset=blocks, data_collator=collator, callbacks=list(callbacks)
+        )
 
     probe = trainer(work / "hf-probe", 5)
     started = time.perf_counter()
@@ -157,8 +179,14 @@ def run_hf(args, work: Path, train_text: Path, ours: dict, lr: float) -> dict:
     run.save_model(str(out / "model"))
     tokenizer.save_pretrained(str(out / "model"))
     steps = result.global_step
-    return {"seconds": seconds, "steps": steps, "planned_steps": max_steps, "tokens": steps * HF_BATCH * BLOCK,
-            "lr": lr, "model": str(out / "model")}
+    return {
+        "seconds": seconds,
+        "steps": steps,
+        "planned_steps": max_steps,
+        "tokens": steps * HF_BATCH * BLOCK,
+        "lr": lr,
+        "model": str(out / "model"),
+    }
 
 
 def held_out(model_dir: str, heldout: Path, seed: int) -> dict:
@@ -171,15 +199,19 @@ def held_out(model_dir: str, heldout: Path, seed: int) -> dict:
 
 def table(ours: dict, hf: dict) -> str:
     diff = 100 * (ours["mlm_accuracy"] - hf["mlm_accuracy"])
-    rows = [("held-out MLM accuracy (every masked token [MASK])", "mlm_accuracy", "{:.4f}"),
-            ("unigram baseline, same positions", "unigram_baseline", "{:.4f}"),
-            ("training wall time, s", "seconds", "{:.0f}"), ("optimizer steps", "steps", "{:.0f}"),
-            ("tokens processed", "tokens", "{:,.0f}")]
+    rows = [
+        ("held-out MLM accuracy (every masked token [MASK])", "mlm_accuracy", "{:.4f}"),
+        ("unigram baseline, same positions", "unigram_baseline", "{:.4f}"),
+        ("training wall time, s", "seconds", "{:.0f}"),
+        ("optimizer steps", "steps", "{:.0f}"),
+        ("tokens processed", "tokens", "{:,.0f}"),
+    ]
     lines = ["| | ours (albert-dist pretrain) | transformers Trainer (run_mlm) |", "|---|---|---|"]
     lines += [f"| {name} | {fmt.format(ours[key])} | {fmt.format(hf[key])} |" for name, key, fmt in rows]
     lines.append(f"| learning rate | shipped config | {hf['lr']:g} (best of {hf['lrs']}) |")
-    lines.append(f"\nours - theirs: {diff:+.1f} points of held-out MLM accuracy "
-                 f"(goal: +3): {'met' if diff >= 3 else 'NOT met'}")
+    lines.append(
+        f"\nours - theirs: {diff:+.1f} points of held-out MLM accuracy (goal: +3): {'met' if diff >= 3 else 'NOT met'}"
+    )
     return "\n".join(lines)
 
 
@@ -188,8 +220,13 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--language", choices=sorted(CONFIGS), default="zh")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-vs-hf-pretrain"))
-    parser.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override of ours' pretraining config (repeatable)")
+    parser.add_argument(
+        "--ours-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of ours' pretraining config (repeatable)",
+    )
     parser.add_argument("--hf-lrs", default="2e-4,5e-4,1e-3", help="the peer's learning rates; the best is kept")
     parser.add_argument("--heldout-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)

@@ -40,10 +40,14 @@ def bench_processor(docs: list[str], tokenizer, rounds: int) -> dict[str, float]
     from albert_dist.data.process import DocumentProcessor, ProcessSettings
 
     spec = InstanceSpec(128, 0.1, tokenizer.cls_id, tokenizer.sep_id)
-    processors = {arm: DocumentProcessor(tokenizer, ProcessSettings(spec=spec, word_segmenter=seg))
-                  for arm, seg in ARMS.items()}  # jieba's dictionary loads here, once, as in an actor
-    batch = {"doc_key": np.array([f"d{i}" for i in range(len(docs))], object), "text": np.array(docs, object),
-             "presplit": np.zeros(len(docs), bool)}
+    processors = {
+        arm: DocumentProcessor(tokenizer, ProcessSettings(spec=spec, word_segmenter=seg)) for arm, seg in ARMS.items()
+    }  # jieba's dictionary loads here, once, as in an actor
+    batch = {
+        "doc_key": np.array([f"d{i}" for i in range(len(docs))], object),
+        "text": np.array(docs, object),
+        "presplit": np.zeros(len(docs), bool),
+    }
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for _ in range(rounds):
         for arm, process in processors.items():
@@ -61,12 +65,22 @@ def bench_processor(docs: list[str], tokenizer, rounds: int) -> dict[str, float]
 def data_config(corpus: Path, work: Path, tokenizer_dir: Path, arm: str, max_seq_length: int, name: str):
     from albert_dist.config import DataJobConfig
 
-    return DataJobConfig.model_validate({
-        "run": {"output_dir": str(work)},
-        "data": {"inputs": [str(corpus)], "format": "blocks", "language": "zh", "output": name,
-                 "max_seq_length": max_seq_length, "eval_fraction": 0.1, "word_segmenter": ARMS[arm],
-                 "tokenizer_actors": 1},
-        "tokenizer": {"kind": "wordpiece", "path": str(tokenizer_dir)}})
+    return DataJobConfig.model_validate(
+        {
+            "run": {"output_dir": str(work)},
+            "data": {
+                "inputs": [str(corpus)],
+                "format": "blocks",
+                "language": "zh",
+                "output": name,
+                "max_seq_length": max_seq_length,
+                "eval_fraction": 0.1,
+                "word_segmenter": ARMS[arm],
+                "tokenizer_actors": 1,
+            },
+            "tokenizer": {"kind": "wordpiece", "path": str(tokenizer_dir)},
+        }
+    )
 
 
 def bench_prepare(corpus: Path, work: Path, tokenizer_dir: Path, rounds: int, max_seq_length: int) -> dict:
@@ -76,8 +90,9 @@ def bench_prepare(corpus: Path, work: Path, tokenizer_dir: Path, rounds: int, ma
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for _ in range(rounds):
         for arm in ARMS:
-            summary = prepare_dataset(data_config(corpus, work, tokenizer_dir, arm, max_seq_length, f"prep-{arm}"),
-                                      log=lambda _: None)
+            summary = prepare_dataset(
+                data_config(corpus, work, tokenizer_dir, arm, max_seq_length, f"prep-{arm}"), log=lambda _: None
+            )
             times[arm].append(summary["seconds"])
     out = {f"{arm}_s": min(t) for arm, t in times.items()}
     out["ratio"] = out["jieba_s"] / out["chars_s"]
@@ -88,15 +103,27 @@ def pretrain_arm(work: Path, arm: str, steps: int, batch_size: int) -> Path:
     from albert_dist.config import PretrainJobConfig
     from albert_dist.pretrain import pretrain
 
-    cfg = PretrainJobConfig.model_validate({
-        "run": {"name": f"tiny-{arm}", "output_dir": str(work), "seed": 0},
-        "data": {"output": f"prep-{arm}"},
-        "model": {"preset": "tiny"},
-        "scaling": {"num_workers": 1, "cpus_per_worker": 1.5},
-        "train": {"precision": "fp32", "optimizer": "lamb", "learning_rate": 2e-3, "max_steps": steps,
-                  "warmup_steps": steps // 10, "batch_size": batch_size, "log_every": 50,
-                  "eval_every": steps, "checkpoint_every": steps, "eval_batches": 4},
-        "tracking": {"tracking_uri": f"sqlite:///{work}/mlflow.db"}})
+    cfg = PretrainJobConfig.model_validate(
+        {
+            "run": {"name": f"tiny-{arm}", "output_dir": str(work), "seed": 0},
+            "data": {"output": f"prep-{arm}"},
+            "model": {"preset": "tiny"},
+            "scaling": {"num_workers": 1, "cpus_per_worker": 1.5},
+            "train": {
+                "precision": "fp32",
+                "optimizer": "lamb",
+                "learning_rate": 2e-3,
+                "max_steps": steps,
+                "warmup_steps": steps // 10,
+                "batch_size": batch_size,
+                "log_every": 50,
+                "eval_every": steps,
+                "checkpoint_every": steps,
+                "eval_batches": 4,
+            },
+            "tracking": {"tracking_uri": f"sqlite:///{work}/mlflow.db"},
+        }
+    )
     started = time.perf_counter()
     outcome = pretrain(cfg)
     print(f"pretrained {arm}: {steps} steps in {time.perf_counter() - started:.0f} s; {outcome.metrics}")
@@ -117,17 +144,24 @@ def held_out_accuracy(model_dir: Path, data_dir: Path, limit: int, seed: int = 0
     rows = data.eval.take_batch(limit, batch_format="numpy")
     correct = total = sop_correct = 0
     for start in range(0, len(rows["input_ids"]), 64):
-        part = {k: v[start:start + 64] for k, v in rows.items()}
+        part = {k: v[start : start + 64] for k, v in rows.items()}
         batch = collator(part, batch_rng(seed, 0, 0, start))
         with torch.no_grad():
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        token_type_ids=batch["token_type_ids"])
+            out = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"],
+            )
         masked = batch["labels"] != -100
         correct += int((out.prediction_logits.argmax(-1)[masked] == batch["labels"][masked]).sum())
         total += int(masked.sum())
         sop_correct += int((out.sop_logits.argmax(-1) == batch["sentence_order_label"]).sum())
-    return {"mlm_accuracy": correct / total, "sop_accuracy": sop_correct / len(rows["input_ids"]),
-            "masked_tokens": total, "instances": len(rows["input_ids"])}
+    return {
+        "mlm_accuracy": correct / total,
+        "sop_accuracy": sop_correct / len(rows["input_ids"]),
+        "masked_tokens": total,
+        "instances": len(rows["input_ids"]),
+    }
 
 
 def start_ray(attempts: int = 3) -> None:
@@ -172,26 +206,38 @@ def main() -> None:
     figures = {}
     if not args.skip_processor:
         figures["processor"] = p = bench_processor(docs, tokenizer, args.rounds)
-        print(f"DocumentProcessor, best of {args.rounds}: chars {p['chars_s']:.2f} s ({p['chars_kchars_per_s']:.0f}k"
-              f" chars/s), jieba {p['jieba_s']:.2f} s ({p['jieba_kchars_per_s']:.0f}k chars/s): jieba/chars = "
-              f"{p['ratio']:.2f}x")
+        print(
+            f"DocumentProcessor, best of {args.rounds}: chars {p['chars_s']:.2f} s ({p['chars_kchars_per_s']:.0f}k"
+            f" chars/s), jieba {p['jieba_s']:.2f} s ({p['jieba_kchars_per_s']:.0f}k chars/s): jieba/chars = "
+            f"{p['ratio']:.2f}x"
+        )
     start_ray()
     figures["prepare"] = bench_prepare(args.corpus, work, tokenizer_dir, args.rounds, args.max_seq_length)
     p = figures["prepare"]
-    print(f"prepare_dataset on Ray Data: chars {p['chars_s']:.1f} s, jieba {p['jieba_s']:.1f} s: jieba/chars = "
-          f"{p['ratio']:.2f}x")
+    print(
+        f"prepare_dataset on Ray Data: chars {p['chars_s']:.1f} s, jieba {p['jieba_s']:.1f} s: jieba/chars = "
+        f"{p['ratio']:.2f}x"
+    )
     if not args.skip_pretrain:
         models = {arm: pretrain_arm(work, arm, args.steps, args.batch_size) for arm in ARMS}
-        table = {model: {masks: held_out_accuracy(models[model], work / f"prep-{masks}", args.eval_instances)
-                         for masks in ARMS} for model in ARMS}
-        figures["wwm"] = {"steps": args.steps, "batch_size": args.batch_size,
-                          "max_seq_length": args.max_seq_length, "held_out": table}
-        print(f"held-out accuracy after {args.steps} steps x {args.batch_size} (rows: trained with; columns: "
-              f"masks of)")
+        table = {
+            model: {
+                masks: held_out_accuracy(models[model], work / f"prep-{masks}", args.eval_instances) for masks in ARMS
+            }
+            for model in ARMS
+        }
+        figures["wwm"] = {
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "max_seq_length": args.max_seq_length,
+            "held_out": table,
+        }
+        print(f"held-out accuracy after {args.steps} steps x {args.batch_size} (rows: trained with; columns: masks of)")
         print(f"{'model':<8}" + "".join(f"{'MLM ' + m:>14}{'SOP ' + m:>14}" for m in ARMS))
         for model, row in table.items():
-            print(f"{model:<8}" + "".join(f"{row[m]['mlm_accuracy']:>14.3f}{row[m]['sop_accuracy']:>14.3f}"
-                                          for m in ARMS))
+            print(
+                f"{model:<8}" + "".join(f"{row[m]['mlm_accuracy']:>14.3f}{row[m]['sop_accuracy']:>14.3f}" for m in ARMS)
+            )
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
 

@@ -26,16 +26,31 @@ from pathlib import Path
 def finetune_config(init_from: Path, task: Path, out_dir: Path, name: str, seed: int, args):
     from albert_dist.finetune.config import FinetuneJobConfig
 
-    return FinetuneJobConfig.model_validate({
-        "run": {"name": name, "output_dir": str(out_dir), "seed": seed},
-        "model": {"init_from": str(init_from)},
-        "data": {"train": str(task / "train.jsonl"), "dev": str(task / "dev.jsonl"), "format": "jsonl",
-                 "text_column": "text", "label_column": "label", "max_seq_length": args.max_seq_length},
-        "finetune": {"task": "classification", "epochs": None},
-        "scaling": {"num_workers": 1, "cpus_per_worker": 2},
-        "train": {"max_steps": args.steps, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
-                  "eval_every": args.steps, "checkpoint_every": args.steps, "log_every": args.steps},
-        "tracking": {"experiment": "bench-zh-sections"}})
+    return FinetuneJobConfig.model_validate(
+        {
+            "run": {"name": name, "output_dir": str(out_dir), "seed": seed},
+            "model": {"init_from": str(init_from)},
+            "data": {
+                "train": str(task / "train.jsonl"),
+                "dev": str(task / "dev.jsonl"),
+                "format": "jsonl",
+                "text_column": "text",
+                "label_column": "label",
+                "max_seq_length": args.max_seq_length,
+            },
+            "finetune": {"task": "classification", "epochs": None},
+            "scaling": {"num_workers": 1, "cpus_per_worker": 2},
+            "train": {
+                "max_steps": args.steps,
+                "batch_size": args.batch_size,
+                "learning_rate": args.learning_rate,
+                "eval_every": args.steps,
+                "checkpoint_every": args.steps,
+                "log_every": args.steps,
+            },
+            "tracking": {"experiment": "bench-zh-sections"},
+        }
+    )
 
 
 def main() -> None:
@@ -65,15 +80,23 @@ def main() -> None:
     dev_labels = [json.loads(line)["label"] for line in (args.task / "dev.jsonl").open(encoding="utf-8")]
     majority = max(map(dev_labels.count, set(dev_labels))) / len(dev_labels)
     gains = [100 * (p - r) for p, r in zip(accuracy["pretrained"], accuracy["random init"])]
-    summary = {"dev_rows": len(dev_labels), "majority_class": majority, "accuracy": accuracy,
-               "gain_points": gains, "mean_gain_points": statistics.mean(gains),
-               "median_gain_points": statistics.median(gains), "args": vars(args)}
+    summary = {
+        "dev_rows": len(dev_labels),
+        "majority_class": majority,
+        "accuracy": accuracy,
+        "gain_points": gains,
+        "mean_gain_points": statistics.mean(gains),
+        "median_gain_points": statistics.median(gains),
+        "args": vars(args),
+    }
     print(f"dev rows {len(dev_labels)}, majority class {majority:.3f}")
     for arm, values in accuracy.items():
         print(f"{arm:12} mean dev accuracy {statistics.mean(values):.3f}  ({', '.join(f'{v:.3f}' for v in values)})")
     # the median too: one random-init run left on the majority class moves the mean by tens of points
-    print(f"pretrained − random init: {summary['median_gain_points']:+.1f} points median, "
-          f"{summary['mean_gain_points']:+.1f} mean ({', '.join(f'{g:+.1f}' for g in gains)} by seed)")
+    print(
+        f"pretrained − random init: {summary['median_gain_points']:+.1f} points median, "
+        f"{summary['mean_gain_points']:+.1f} mean ({', '.join(f'{g:+.1f}' for g in gains)} by seed)"
+    )
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
 
 

@@ -32,9 +32,9 @@ import gzip
 import json
 import re
 import zlib
-from pathlib import Path
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
 MANPAGES = Path("/usr/share/man/zh_CN")
 PYDOCS = Path("/usr/share/doc/python3-doc/html/_sources")
@@ -90,7 +90,7 @@ def name_description(raw: str) -> str | None:
     if start is None:
         return None
     body = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if SECTION_MACRO.match(line):
             break
         if line.startswith(".Nd "):
@@ -124,8 +124,9 @@ def write_section_task(out: Path) -> None:
         raise SystemExit(f"no pages under {MANPAGES}: apt-get install manpages-zh")
     out.mkdir(parents=True, exist_ok=True)
     for split, split_rows in rows.items():
-        (out / f"{split}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in split_rows),
-                                            encoding="utf-8")
+        (out / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in split_rows), encoding="utf-8"
+        )
         labels = sorted(Counter(r["label"] for r in split_rows).items())
         print(f"{out / split}.jsonl: {len(split_rows)} rows, labels {labels}")
     (out / "pretrain_corpus.txt").write_text("\n\n".join(corpus) + "\n", encoding="utf-8")
@@ -148,8 +149,9 @@ def documents(corpus: str) -> Iterator[str]:
         pages = sorted(PYDOCS.rglob("*.rst.txt"))
         texts = (rst_text(p.read_text(encoding="utf-8")) for p in pages)
     if not pages:
-        raise SystemExit(f"no pages under {MANPAGES if corpus == 'zh-manpages' else PYDOCS}: "
-                         "apt-get install manpages-zh python3-doc")
+        raise SystemExit(
+            f"no pages under {MANPAGES if corpus == 'zh-manpages' else PYDOCS}: apt-get install manpages-zh python3-doc"
+        )
     return (text for text in texts if text)
 
 

@@ -28,21 +28,28 @@ def score(model, tokenizer, rows: list[dict], batch_size: int = 32, seed: int = 
     correct = sop_correct = 0
     labels_seen: Counter = Counter()
     for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
+        chunk = rows[start : start + batch_size]
         batch = collator([{k: r[k] for k in ("input_ids", "token_type_ids") if k in r} for r in chunk])
         masked = batch["labels"] != -100
         batch["input_ids"][masked] = tokenizer.mask_token_id  # no random or kept token: nothing to copy
         with torch.no_grad():
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        **({"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {}))
+            out = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                **({"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {}),
+            )
         logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
         correct += int((logits.argmax(-1)[masked] == batch["labels"][masked]).sum())
         labels_seen.update(batch["labels"][masked].tolist())
         if "sop_label" in chunk[0] and hasattr(out, "sop_logits"):
             sop_correct += int((out.sop_logits.argmax(-1) == torch.tensor([r["sop_label"] for r in chunk])).sum())
     count = max(1, sum(labels_seen.values()))
-    metrics = {"sequences": len(rows), "masked": count, "mlm_accuracy": correct / count,
-               "unigram_baseline": max(labels_seen.values(), default=0) / count}
+    metrics = {
+        "sequences": len(rows),
+        "masked": count,
+        "mlm_accuracy": correct / count,
+        "unigram_baseline": max(labels_seen.values(), default=0) / count,
+    }
     if rows and "sop_label" in rows[0]:
         metrics["sop_accuracy"] = sop_correct / len(rows)
     return metrics
@@ -84,9 +91,11 @@ def main() -> None:
     rows = text_rows(tokenizer, args.text, args.max_length) if args.text else prepared_rows(args.prepared)
     m = score(model, tokenizer, rows, args.batch_size, args.seed)
     sop = f", SOP accuracy {m['sop_accuracy']:.3f}" if "sop_accuracy" in m else ""
-    print(f"{m['sequences']} held-out sequences, {m['masked']} masked tokens, every one [MASK] (transformers "
-          f"{transformers.__version__}): MLM accuracy {m['mlm_accuracy']:.3f} (unigram baseline "
-          f"{m['unigram_baseline']:.3f}){sop}")
+    print(
+        f"{m['sequences']} held-out sequences, {m['masked']} masked tokens, every one [MASK] (transformers "
+        f"{transformers.__version__}): MLM accuracy {m['mlm_accuracy']:.3f} (unigram baseline "
+        f"{m['unigram_baseline']:.3f}){sop}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -35,8 +35,15 @@ from albert_dist.model import AlbertConfig, AlbertForPreTraining, AlbertForSeque
 from albert_dist.pretrain_task import PretrainingTask
 from albert_dist.train.loop import Trainer, TrainingTask, WorkerEnv
 
-TINY = dict(vocab_size=60, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, hidden_dropout_prob=0.1)
+TINY = dict(
+    vocab_size=60,
+    embedding_size=16,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    hidden_dropout_prob=0.1,
+)
 
 
 class ClassifyTask(TrainingTask):
@@ -51,8 +58,14 @@ class ClassifyTask(TrainingTask):
         for _ in range(batches + 2):
             x = torch.randint(5, 60, (16, 16), generator=g)
             mask = (torch.arange(16)[None] < torch.randint(6, 17, (16, 1), generator=g)).long()
-            self.batches.append({"input_ids": x * mask, "attention_mask": mask,
-                                 "token_type_ids": torch.zeros_like(x), "labels": (x[:, 0] > 32).long()})
+            self.batches.append(
+                {
+                    "input_ids": x * mask,
+                    "attention_mask": mask,
+                    "token_type_ids": torch.zeros_like(x),
+                    "labels": (x[:, 0] > 32).long(),
+                }
+            )
 
     def build_model(self):
         return AlbertForSequenceClassification(AlbertConfig(**TINY, num_labels=2, classifier_dropout_prob=0.1))
@@ -63,8 +76,7 @@ class ClassifyTask(TrainingTask):
 
     def statistics(self, logits, loss, batch):
         n = len(batch["labels"])
-        return {"loss_sum": loss.detach() * n, "n": float(n),
-                "correct": (logits.argmax(-1) == batch["labels"]).sum()}
+        return {"loss_sum": loss.detach() * n, "n": float(n), "correct": (logits.argmax(-1) == batch["labels"]).sum()}
 
     def summarize(self, sums):
         return {"loss": sums["loss_sum"] / sums["n"], "accuracy": sums.get("correct", 0.0) / sums["n"]}
@@ -92,8 +104,14 @@ class PretrainingBatchesTask(ClassifyTask):
         self.batches = []
         for _ in range(batches + 2):
             rows = [rng.integers(5, 60, rng.integers(6, 30)) for _ in range(8)]
-            masked = self.collator({"input_ids": rows, "token_type_ids": [np.zeros_like(r) for r in rows],
-                                    "sop_label": rng.integers(0, 2, 8)}, rng)
+            masked = self.collator(
+                {
+                    "input_ids": rows,
+                    "token_type_ids": [np.zeros_like(r) for r in rows],
+                    "sop_label": rng.integers(0, 2, 8),
+                },
+                rng,
+            )
             self.batches.append(pack_batch(masked, capacity=32, pad_id=0) if packed else masked)
 
     def build_model(self):
@@ -120,8 +138,16 @@ class DistillBatchesTask(ClassifyTask):
 
 
 def settings(**kw) -> TrainSection:
-    base = dict(max_steps=40, warmup_steps=4, learning_rate=2e-3, optimizer="adamw", log_every=10, eval_every=20,
-                checkpoint_every=20, precision="bf16")
+    base = dict(
+        max_steps=40,
+        warmup_steps=4,
+        learning_rate=2e-3,
+        optimizer="adamw",
+        log_every=10,
+        eval_every=20,
+        checkpoint_every=20,
+        precision="bf16",
+    )
     return TrainSection(**{**base, **kw})
 
 
@@ -131,14 +157,17 @@ def quiet(device: torch.device, **kw) -> WorkerEnv:
 
 # ------------------------------------------------------------------------------------------------------ items
 
+
 def train_item(task_factory: Callable[[], TrainingTask], check: Callable[[dict], bool], **kw):
     def item(device: torch.device, workdir: Path) -> str:
         result = Trainer(task_factory(), settings(**kw), quiet(device)).fit()
-        shown = {k: round(v, 3) for k, v in result.items()
-                 if k in ("loss", "eval_loss", "eval_accuracy", "skipped_steps")}
+        shown = {
+            k: round(v, 3) for k, v in result.items() if k in ("loss", "eval_loss", "eval_accuracy", "skipped_steps")
+        }
         if result["status"] != "completed" or not check(result):
             raise AssertionError(f"{result['status']} {shown}")
         return f"{shown}"
+
     return item
 
 
@@ -153,8 +182,7 @@ def trained(result: dict) -> bool:
 
 def saving(device: torch.device, directory: Path, **kw) -> WorkerEnv:
     """An environment that keeps a copy of each checkpoint under `directory`/step<N>, as Ray's storage would."""
-    return quiet(device, report=lambda metrics, d: d and shutil.copytree(d, directory / f"step{metrics['step']}"),
-                 **kw)
+    return quiet(device, report=lambda metrics, d: d and shutil.copytree(d, directory / f"step{metrics['step']}"), **kw)
 
 
 def exact_resume(device: torch.device, workdir: Path) -> str:
@@ -168,8 +196,11 @@ def exact_resume(device: torch.device, workdir: Path) -> str:
         resumed.fit()
     finally:  # a worker process keeps it for its one run; here the other items follow
         torch.use_deterministic_algorithms(False)
-    differing = [name for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters())
-                 if not torch.equal(a, b)]
+    differing = [
+        name
+        for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters())
+        if not torch.equal(a, b)
+    ]
     if differing:
         raise AssertionError(f"{len(differing)} tensors differ, e.g. {differing[0]}")
     return "weights bit-identical to the uninterrupted run"
@@ -177,8 +208,9 @@ def exact_resume(device: torch.device, workdir: Path) -> str:
 
 def checkpoint_to_cpu(device: torch.device, workdir: Path) -> str:
     Trainer(ClassifyTask(), settings(), saving(device, workdir)).fit()
-    resumed = Trainer(ClassifyTask(), settings(precision="fp32"),
-                      quiet(torch.device("cpu"), resume_dir=workdir / "step20"))
+    resumed = Trainer(
+        ClassifyTask(), settings(precision="fp32"), quiet(torch.device("cpu"), resume_dir=workdir / "step20")
+    )
     states = {t.device.type for s in resumed.optimizer.state.values() for t in s.values()}
     result = resumed.fit()
     if resumed.position.step != 40 or states != {"cpu"} or not learned(result):
@@ -192,10 +224,12 @@ def predict(device: torch.device, workdir: Path) -> str:
     trainer.fit()
     trainer.model.save_pretrained(workdir / "predict")
     batches = ClassifyTask().batches[-2:]
-    on_device = inference.predict_logits(AlbertForSequenceClassification.from_pretrained(workdir / "predict")
-                                         .to(device), batches, precision="bf16")
-    on_cpu = inference.predict_logits(AlbertForSequenceClassification.from_pretrained(workdir / "predict"),
-                                      batches, precision="fp32")
+    on_device = inference.predict_logits(
+        AlbertForSequenceClassification.from_pretrained(workdir / "predict").to(device), batches, precision="bf16"
+    )
+    on_cpu = inference.predict_logits(
+        AlbertForSequenceClassification.from_pretrained(workdir / "predict"), batches, precision="fp32"
+    )
     agree = float((on_device.argmax(-1) == on_cpu.argmax(-1)).mean())
     gap = float(np.abs(on_device - on_cpu).max())
     if agree < 0.95 or gap > 0.1:
@@ -237,10 +271,16 @@ def _ddp_rank(rank: int, world_size: int, backend: str, device_kind: str, port: 
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if device_kind == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    wrap = (lambda m: DistributedDataParallel(m, device_ids=[device.index])) if device.type == "cuda" \
+    wrap = (
+        (lambda m: DistributedDataParallel(m, device_ids=[device.index]))
+        if device.type == "cuda"
         else DistributedDataParallel
-    result = Trainer(ClassifyTask(), settings(max_steps=20, eval_every=10), WorkerEnv(rank=rank, world_size=world_size,
-                     device=device, wrap_model=wrap, print_fn=lambda line: None)).fit()
+    )
+    result = Trainer(
+        ClassifyTask(),
+        settings(max_steps=20, eval_every=10),
+        WorkerEnv(rank=rank, world_size=world_size, device=device, wrap_model=wrap, print_fn=lambda line: None),
+    ).fit()
     if rank == 0:
         Path(out).write_text(f"{result['status']} {result['replicas_identical']} {result['eval_accuracy']}")
     dist.destroy_process_group()
@@ -263,6 +303,7 @@ def ddp_item(backend: str) -> Callable[[torch.device, Path], str]:
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         where = ("two ranks on one GPU" if gpus == 1 else f"two ranks on {min(2, gpus)} GPUs") if gpus else "CPU"
         return f"{backend} ({where}): replicas identical, eval_accuracy {float(accuracy):.3f}"
+
     return item
 
 
@@ -280,15 +321,18 @@ def items(device: torch.device) -> dict[str, Callable[[torch.device, Path], str]
         "checkpoint to cpu": checkpoint_to_cpu,
     }
     if cuda:
-        found.update({
-            "pretrain packed fp16 adamw": train_item(PretrainingBatchesTask, trained, precision="fp16"),
-            "pretrain padded fp16 lamb": train_item(lambda: PretrainingBatchesTask(packed=False), trained,
-                                                    precision="fp16", optimizer="lamb"),
-            "finetune fp16 adamw": train_item(ClassifyTask, learned, precision="fp16"),
-            "finetune fp16 lamb": train_item(ClassifyTask, trained, precision="fp16", optimizer="lamb"),
-            "distill fp16 adamw": train_item(DistillBatchesTask, trained, precision="fp16"),
-            "host syncs in the step": host_syncs,
-        })
+        found.update(
+            {
+                "pretrain packed fp16 adamw": train_item(PretrainingBatchesTask, trained, precision="fp16"),
+                "pretrain padded fp16 lamb": train_item(
+                    lambda: PretrainingBatchesTask(packed=False), trained, precision="fp16", optimizer="lamb"
+                ),
+                "finetune fp16 adamw": train_item(ClassifyTask, learned, precision="fp16"),
+                "finetune fp16 lamb": train_item(ClassifyTask, trained, precision="fp16", optimizer="lamb"),
+                "distill fp16 adamw": train_item(DistillBatchesTask, trained, precision="fp16"),
+                "host syncs in the step": host_syncs,
+            }
+        )
     if cuda and torch.cuda.device_count() >= 2:
         found["ddp 2 ranks nccl"] = ddp_item("nccl")
     found["ddp 2 ranks gloo (not nccl)"] = ddp_item("gloo")
@@ -322,8 +366,10 @@ def main() -> int:
     for name, ok, seconds, detail in rows:
         print(f"{name:<{width}}  {'PASS' if ok else 'FAIL':<6}  {seconds:7.1f}  {detail}")
     failed = [name for name, ok, *_ in rows if not ok]
-    print(f"\n{'FAIL' if failed else 'PASS'}: {len(rows) - len(failed)}/{len(rows)} items on {device.type}"
-          + (f" ({torch.cuda.get_device_name(0)})" if device.type == "cuda" else ""))
+    print(
+        f"\n{'FAIL' if failed else 'PASS'}: {len(rows) - len(failed)}/{len(rows)} items on {device.type}"
+        + (f" ({torch.cuda.get_device_name(0)})" if device.type == "cuda" else "")
+    )
     return 1 if failed or not rows else 0
 
 

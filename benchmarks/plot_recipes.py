@@ -1,6 +1,6 @@
 """Held-out MLM and SOP accuracy against steps, one line per arm, from `bench_recipes.py --out` files.
 
-    python benchmarks/plot_recipes.py benchmarks/results/recipes_zh_manpages_16x64_2600.json --out curves.png
+python benchmarks/plot_recipes.py benchmarks/results/recipes_zh_manpages_16x64_2600.json --out curves.png
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = [arm for path in args.results for arm in json.loads(path.read_text())
-            if not args.arm or arm["arm"] in args.arm]
+    arms = [
+        arm for path in args.results for arm in json.loads(path.read_text()) if not args.arm or arm["arm"] in args.arm
+    ]
     fig, (mlm, sop) = plt.subplots(1, 2, figsize=(11, 4))
     for arm in arms:
         steps = [point["step"] for point in arm["curve"]]
-        line, = mlm.plot(steps, [point["eval_mlm_accuracy"] for point in arm["curve"]], marker="o", label=arm["arm"])
+        (line,) = mlm.plot(steps, [point["eval_mlm_accuracy"] for point in arm["curve"]], marker="o", label=arm["arm"])
         mlm.plot(steps, [point["eval_mlm_unigram_baseline"] for point in arm["curve"]], ls=":", color=line.get_color())
         sop.plot(steps, [point["eval_sop_accuracy"] for point in arm["curve"]], marker="o", label=arm["arm"])
     mlm.set(xlabel="step", ylabel="held-out MLM accuracy (dotted: unigram baseline)")

@@ -36,14 +36,23 @@ def tracer(sink: list[str], stop_on_step: list[bool] | None = None):
             return
         name = frame.f_code.co_filename
         if PACKAGE in name and frame.f_code.co_name != "<module>":
-            path = name[name.rindex(PACKAGE) + 1:]
+            path = name[name.rindex(PACKAGE) + 1 :]
             if not sink or sink[-1] != path:
                 sink.append(path)
-        if event == "call" and frame.f_code.co_name == "fit" and "/ray/train/" in frame.f_code.co_filename \
-                and "--fit--" not in sink:
+        if (
+            event == "call"
+            and frame.f_code.co_name == "fit"
+            and "/ray/train/" in frame.f_code.co_filename
+            and "--fit--" not in sink
+        ):
             sink.append("--fit--")
-        if stop_on_step is not None and event == "call" and frame.f_code.co_name == "step" \
-                and "torch/optim" in frame.f_code.co_filename and not stop_on_step:
+        if (
+            stop_on_step is not None
+            and event == "call"
+            and frame.f_code.co_name == "step"
+            and "torch/optim" in frame.f_code.co_filename
+            and not stop_on_step
+        ):
             stop_on_step.append(True)
             sink.append("--first-step--")
 
@@ -75,8 +84,13 @@ def worker_hook(out_dir: str, original: str | None):
 
         def profile(frame, event, arg):
             inner(frame, event, arg)
-            if event == "call" and frame.f_code.co_name == "step" and "torch/optim" in frame.f_code.co_filename \
-                    and sink.count("--first-step--") == 1 and not getattr(profile, "dumped", False):
+            if (
+                event == "call"
+                and frame.f_code.co_name == "step"
+                and "torch/optim" in frame.f_code.co_filename
+                and sink.count("--first-step--") == 1
+                and not getattr(profile, "dumped", False)
+            ):
                 profile.dumped = True
                 dump()
             if event == "return" and frame.f_code.co_name == "_train_worker":
@@ -113,35 +127,75 @@ def main() -> int:
 
     def init(*args, runtime_env=None, **kwargs):  # the local Ray's workers run its setup hook, then the tracer
         runtime_env = dict(runtime_env or {})
-        runtime_env["worker_process_setup_hook"] = worker_hook(str(trace_dir),
-                                                               runtime_env.get("worker_process_setup_hook"))
+        runtime_env["worker_process_setup_hook"] = worker_hook(
+            str(trace_dir), runtime_env.get("worker_process_setup_hook")
+        )
         return real_init(*args, runtime_env=runtime_env, **kwargs)
 
     ray.init = init
     start_local_ray(configure_logging=False)
     common = [f"run.output_dir={root}"]
-    if cli.main(["data", "prepare", "--set", f"data.inputs=[{corpus}]", "--set", "data.max_seq_length=64",
-                 "--set", "tokenizer.vocab_size=500", *sum((["--set", s] for s in common), [])]) != 0:
+    if (
+        cli.main(
+            [
+                "data",
+                "prepare",
+                "--set",
+                f"data.inputs=[{corpus}]",
+                "--set",
+                "data.max_seq_length=64",
+                "--set",
+                "tokenizer.vocab_size=500",
+                *sum((["--set", s] for s in common), []),
+            ]
+        )
+        != 0
+    ):
         return 1
     driver: list[str] = []
     sys.setprofile(tracer(driver))
     try:
-        status = cli.main(["pretrain", *sum((["--set", s] for s in common + [
-            "run.name=trace", "scaling.num_workers=1", "scaling.cpus_per_worker=1", "model.hidden_size=64",
-            "model.num_attention_heads=2", "model.intermediate_size=128", "model.embedding_size=32",
-            "model.num_hidden_layers=2", "train.max_steps=2", "train.warmup_steps=1", "train.batch_size=4",
-            "train.eval_every=2", "train.checkpoint_every=2", "train.eval_batches=1", "train.precision=fp32"]), [])])
+        status = cli.main(
+            [
+                "pretrain",
+                *sum(
+                    (
+                        ["--set", s]
+                        for s in common
+                        + [
+                            "run.name=trace",
+                            "scaling.num_workers=1",
+                            "scaling.cpus_per_worker=1",
+                            "model.hidden_size=64",
+                            "model.num_attention_heads=2",
+                            "model.intermediate_size=128",
+                            "model.embedding_size=32",
+                            "model.num_hidden_layers=2",
+                            "train.max_steps=2",
+                            "train.warmup_steps=1",
+                            "train.batch_size=4",
+                            "train.eval_every=2",
+                            "train.checkpoint_every=2",
+                            "train.eval_batches=1",
+                            "train.precision=fp32",
+                        ]
+                    ),
+                    [],
+                ),
+            ]
+        )
     finally:
         sys.setprofile(None)
     if status != 0:
         return status
-    worker = next((w for w in (json.loads(p.read_text()) for p in trace_dir.glob("*.json"))
-                   if "--first-step--" in w), None)
+    worker = next(
+        (w for w in (json.loads(p.read_text()) for p in trace_dir.glob("*.json")) if "--first-step--" in w), None
+    )
     if worker is None:
         print("no worker reached an optimizer step (the worker setup hook did not run?)", file=sys.stderr)
         return 1
     fit_at = driver.index("--fit--")  # the driver hands over to the worker there
-    first_step = driver[:fit_at] + worker[:worker.index("--first-step--")]
+    first_step = driver[:fit_at] + worker[: worker.index("--first-step--")]
     saved = driver[:fit_at] + worker + driver[fit_at:]
     for label, path in (("to the first optimizer step", first_step), ("to the saved model", saved)):
         path = [p for p in path if not p.startswith("--")]

@@ -14,8 +14,8 @@ import sys
 from albert_dist import job_registry
 from albert_dist.cli import _add_config_flags
 from albert_dist.config import load_config
-from albert_dist.storage import is_uri
 from albert_dist.errors import AlbertDistError, ConfigError
+from albert_dist.storage import is_uri
 
 # Set by Ray's job supervisor in the environment of a submitted job's entrypoint.
 _RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"
@@ -41,9 +41,11 @@ def check_output_root(cfg) -> None:
     output_dir = cfg.run.output_dir
     relative = not (is_uri(output_dir) or os.path.isabs(os.path.expanduser(output_dir)))
     if relative and os.environ.get(_RAY_JOB_MARKER) and not os.environ.get("ALBERT_DIST_HOME"):
-        raise ConfigError(f"run.output_dir={output_dir!r} is relative and $ALBERT_DIST_HOME is not set: inside a "
-                          "Ray job it would land in the job's temporary working directory; set ALBERT_DIST_HOME "
-                          "(albert-dist submit does) or an absolute run.output_dir")
+        raise ConfigError(
+            f"run.output_dir={output_dir!r} is relative and $ALBERT_DIST_HOME is not set: inside a "
+            "Ray job it would land in the job's temporary working directory; set ALBERT_DIST_HOME "
+            "(albert-dist submit does) or an absolute run.output_dir"
+        )
 
 
 def run(name: str) -> None:

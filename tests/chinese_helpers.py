@@ -42,8 +42,39 @@ def zh_word_lines(n: int, seed: int = 0) -> list[str]:
             word, freq, *_ = line.split()
             words.append(word)
             weights.append(int(freq))
-    extras = ["，", "。", "！", "？", "、", "；", "：", "（", "）", "“", "”", "《", "》", "……", "——", ",", ".", "!",
-              "５", "１２", "２０２４年", "3.14", "100%", "ALBERT", "Python", "😀", "👍🏽", " ", "　", "ｅｍａｉｌ", "Zoë"]
+    extras = [
+        "，",
+        "。",
+        "！",
+        "？",
+        "、",
+        "；",
+        "：",
+        "（",
+        "）",
+        "“",
+        "”",
+        "《",
+        "》",
+        "……",
+        "——",
+        ",",
+        ".",
+        "!",
+        "５",
+        "１２",
+        "２０２４年",
+        "3.14",
+        "100%",
+        "ALBERT",
+        "Python",
+        "😀",
+        "👍🏽",
+        " ",
+        "　",
+        "ｅｍａｉｌ",
+        "Zoë",
+    ]
     lines = []
     for _ in range(n):
         parts = rng.choices(words, weights, k=rng.randint(4, 16))

@@ -18,9 +18,20 @@ os.environ.update(ray_init.WORKER_ENV)  # the workers of the tests' Ray print as
 # The longest files first (minutes each on CI's 2 cores, measured with --durations): the suite runs in two processes
 # that each take the next file when free (`--dist loadfile`), so long files started last would leave one process
 # working alone at the end.
-LONGEST_FIRST = ["test_demo.py", "test_cluster_local.py", "test_pretrain_faults.py", "test_pretrain.py", "test_tune.py",
-                 "test_tracking.py", "test_mlflow_ui.py", "test_faults_node.py", "test_finetune_ray.py", "test_s3.py",
-                 "test_security.py", "test_cluster_multinode.py"]
+LONGEST_FIRST = [
+    "test_demo.py",
+    "test_cluster_local.py",
+    "test_pretrain_faults.py",
+    "test_pretrain.py",
+    "test_tune.py",
+    "test_tracking.py",
+    "test_mlflow_ui.py",
+    "test_faults_node.py",
+    "test_finetune_ray.py",
+    "test_s3.py",
+    "test_security.py",
+    "test_cluster_multinode.py",
+]
 
 
 def pytest_collection_modifyitems(items):
@@ -29,10 +40,13 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--fail-on-skip", action="store_true",
-                     help="print the count of skipped tests and fail the run if any was skipped (CI, where none "
-                          "should be: a fault test that can no longer set up its fault must not pass unseen; the gpu "
-                          "tests are deselected by `-m 'not gpu'`, not skipped)")
+    parser.addoption(
+        "--fail-on-skip",
+        action="store_true",
+        help="print the count of skipped tests and fail the run if any was skipped (CI, where none "
+        "should be: a fault test that can no longer set up its fault must not pass unseen; the gpu "
+        "tests are deselected by `-m 'not gpu'`, not skipped)",
+    )
 
 
 SKIPPED: list = []  # the reports of skipped tests
@@ -75,9 +89,14 @@ def ray_session():
         # (after a PYTHONPATH the session was given, so a checkout run through it tests its own sources)
         here = os.path.dirname(os.path.abspath(__file__))
         tests = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
-        ray_init.start_local_ray(num_cpus=2, include_dashboard=True, object_store_memory=1_500_000_000,
-                                 log_to_driver=False, configure_logging=False,
-                                 runtime_env={"env_vars": {"PYTHONPATH": tests}})
+        ray_init.start_local_ray(
+            num_cpus=2,
+            include_dashboard=True,
+            object_store_memory=1_500_000_000,
+            log_to_driver=False,
+            configure_logging=False,
+            runtime_env={"env_vars": {"PYTHONPATH": tests}},
+        )
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False

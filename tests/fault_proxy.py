@@ -24,10 +24,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-SLOWDOWN = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your " \
-           b"request rate.</Message><RequestId>fault-proxy</RequestId></Error>"
-DENIED = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessDenied</Code><Message>Access Denied" \
-         b"</Message><RequestId>fault-proxy</RequestId></Error>"
+SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your '
+    b"request rate.</Message><RequestId>fault-proxy</RequestId></Error>"
+)
+DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code><Message>Access Denied'
+    b"</Message><RequestId>fault-proxy</RequestId></Error>"
+)
 
 
 @dataclass
@@ -47,8 +51,15 @@ class FaultProxy:
     request 403 AccessDenied. `after(match, action)` runs `action()` once, after the first forwarded request with
     a 2xx answer (any answer with `any_status`) for which `match(method, path)` is true."""
 
-    def __init__(self, upstream: str, *, share: float = 0.0, kinds: tuple[str, ...] = ("slowdown", "reset", "delay"),
-                 delay_s: float = 1.0, seed: int = 0):
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        share: float = 0.0,
+        kinds: tuple[str, ...] = ("slowdown", "reset", "delay"),
+        delay_s: float = 1.0,
+        seed: int = 0,
+    ):
         host, _, port = upstream.removeprefix("http://").partition(":")
         self.upstream = (host, int(port))
         self.share, self.kinds, self.delay_s = share, kinds, delay_s
@@ -107,8 +118,9 @@ class FaultProxy:
                 if head is None:
                     return
                 method, path = head[0].split(b" ")[:2]
-                request = Request(time.monotonic(), method.decode(), path.decode(),
-                                  self._decide(method.decode(), path.decode()))
+                request = Request(
+                    time.monotonic(), method.decode(), path.decode(), self._decide(method.decode(), path.decode())
+                )
                 with self._lock:
                     self.requests.append(request)
                 if request.outcome == "reset":  # while the client is still sending its body
@@ -119,11 +131,17 @@ class FaultProxy:
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 body = _read_body(reader, headers)
                 if request.outcome in ("slowdown", "refused", "denied"):
-                    status, text = (b"403 Forbidden", DENIED) if request.outcome == "denied" else (
-                        b"503 Slow Down", SLOWDOWN)
-                    client.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\nContent-Length: "
-                                   + str(0 if method == b"HEAD" else len(text)).encode() + b"\r\n\r\n"
-                                   + (b"" if method == b"HEAD" else text))
+                    status, text = (
+                        (b"403 Forbidden", DENIED) if request.outcome == "denied" else (b"503 Slow Down", SLOWDOWN)
+                    )
+                    client.sendall(
+                        b"HTTP/1.1 "
+                        + status
+                        + b"\r\nContent-Type: application/xml\r\nContent-Length: "
+                        + str(0 if method == b"HEAD" else len(text)).encode()
+                        + b"\r\n\r\n"
+                        + (b"" if method == b"HEAD" else text)
+                    )
                     continue  # the connection stays usable, as a real server's after an error
                 if request.outcome == "delayed":
                     time.sleep(self.delay_s)
@@ -181,8 +199,7 @@ def _read_head(reader) -> list[bytes] | None:
 
 
 def _headers(head: list[bytes]) -> dict[str, str]:
-    return {k.strip().lower().decode(): v.strip().decode()
-            for k, _, v in (line.partition(b":") for line in head[1:])}
+    return {k.strip().lower().decode(): v.strip().decode() for k, _, v in (line.partition(b":") for line in head[1:])}
 
 
 def _read_body(reader, headers: dict[str, str]) -> bytes:

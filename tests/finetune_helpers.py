@@ -7,8 +7,10 @@ import json
 import random
 from pathlib import Path
 
-FILLER = ("the function returns a value from the object and the list of names in this module is used to "
-          "read each file with a string of data for the class method when an error is raised").split()
+FILLER = (
+    "the function returns a value from the object and the list of names in this module is used to "
+    "read each file with a string of data for the class method when an error is raised"
+).split()
 KEYWORDS = ("socket", "thread", "parser", "archive")
 POSITIVE = KEYWORDS[:2]  # single-text task: label "yes" when the text mentions one of these
 
@@ -39,8 +41,13 @@ def pair_rows(n: int, seed: int) -> list[dict]:
     rows = []
     for i in range(n):
         b = rng.choice(POSITIVE if i % 2 == 0 else KEYWORDS[2:])
-        rows.append({"sentence1": sentence(rng, [rng.choice(KEYWORDS)], 6), "sentence2": sentence(rng, [b], 6),
-                     "label": int(b in POSITIVE)})
+        rows.append(
+            {
+                "sentence1": sentence(rng, [rng.choice(KEYWORDS)], 6),
+                "sentence2": sentence(rng, [b], 6),
+                "label": int(b in POSITIVE),
+            }
+        )
     rng.shuffle(rows)
     return rows
 
@@ -77,9 +84,20 @@ def tiny_model_dir(directory: Path, tokenizer_dir: Path, **overrides) -> Path:
 
     tokenizer = load_tokenizer(tokenizer_dir)
     torch.manual_seed(0)
-    config = AlbertConfig(**{**dict(vocab_size=tokenizer.vocab_size, embedding_size=32, hidden_size=64,
-                                    num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                                    max_position_embeddings=128), **overrides})
+    config = AlbertConfig(
+        **{
+            **dict(
+                vocab_size=tokenizer.vocab_size,
+                embedding_size=32,
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=128,
+                max_position_embeddings=128,
+            ),
+            **overrides,
+        }
+    )
     AlbertForPreTraining(config).save_pretrained(directory)
     tokenizer.save(directory)
     return directory

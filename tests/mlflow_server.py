@@ -27,16 +27,35 @@ def start_server(store: Path, port: int, auth_config: Path | None = None) -> sub
     mlflow = Path(sys.executable).with_name("mlflow")
     store.mkdir(parents=True, exist_ok=True)
     auth = ["--app-name", "basic-auth"] if auth_config else []
-    auth_env = {"MLFLOW_AUTH_CONFIG_PATH": str(auth_config),
-                "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)} if auth_config else {}
+    auth_env = (
+        {"MLFLOW_AUTH_CONFIG_PATH": str(auth_config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+        if auth_config
+        else {}
+    )
     with open(store / "server.log", "ab") as log:
         process = subprocess.Popen(
-            [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
-             "--artifacts-destination", str(store / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1", *auth], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                str(mlflow),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{store / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(store / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+                *auth,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             # without the server-side job runner, as cluster/local/start.sh runs it: nothing here uses MLflow's
             # server jobs, and the runner is one more process starting on a loaded machine
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **auth_env})
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **auth_env},
+        )
     deadline = time.time() + 300
     while time.time() < deadline:
         # ready when the app answers, not when the port opens; a loaded 2-core machine can take seconds to answer

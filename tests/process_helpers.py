@@ -24,7 +24,7 @@ def listening_sockets() -> dict[int, tuple[str, int]]:
                 continue
             address, port = fields[1].split(":")
             # the kernel prints each 32-bit word of the address in host (little-endian) byte order
-            raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+            raw = b"".join(bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, len(address), 8))
             found[int(fields[9])] = (str(ipaddress.ip_address(raw)), int(port, 16))
     return found
 

@@ -15,27 +15,46 @@ from pathlib import Path
 
 import pytest
 import torch
+from chinese_helpers import ZH_SENTENCES
 
 from albert_dist.config import load_config
 from albert_dist.errors import ConfigError
 from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
-from chinese_helpers import ZH_SENTENCES
 
 pytestmark = pytest.mark.slow
 
 CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
 LATIN = ["albert", "bert", "ray", "data", "deep", "learning", "##s", "##ing"]
 # voidful/albert_chinese_*'s config.json: BERT-era keys, no model_type or architectures
-VOIDFUL_EXTRAS = {"directionality": "bidi", "pooler_fc_size": 768, "pooler_num_attention_heads": 12,
-                  "pooler_num_fc_layers": 3, "pooler_size_per_head": 128, "pooler_type": "first_token_transform"}
+VOIDFUL_EXTRAS = {
+    "directionality": "bidi",
+    "pooler_fc_size": 768,
+    "pooler_num_attention_heads": 12,
+    "pooler_num_fc_layers": 3,
+    "pooler_size_per_head": 128,
+    "pooler_type": "first_token_transform",
+}
 
 
 def bert_chinese_vocab() -> list[str]:
     """bert-base-chinese's layout in small: [PAD], [unusedN] entries, then [UNK] [CLS] [SEP] [MASK] (ids that
     ALBERT's layout would not guess), the characters and their `##` forms, Latin pieces."""
     chars = sorted({c for c in "".join(ZH_SENTENCES).lower() if not c.isspace()} - set("abcdefghijklmnopqrstuvwxyz"))
-    return ["[PAD]", "[unused1]", "[unused2]", "[unused3]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars,
-            *(f"##{c}" for c in chars), *LATIN, *"abcdefghijklmnopqrstuvwxyz", *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]
+    return [
+        "[PAD]",
+        "[unused1]",
+        "[unused2]",
+        "[unused3]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        *chars,
+        *(f"##{c}" for c in chars),
+        *LATIN,
+        *"abcdefghijklmnopqrstuvwxyz",
+        *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"),
+    ]
 
 
 def voidful_dir(directory: Path, hidden: int, layers: int, seed: int) -> Path:
@@ -47,12 +66,22 @@ def voidful_dir(directory: Path, hidden: int, layers: int, seed: int) -> Path:
     transformers.BertTokenizer(str(directory / "vocab.txt")).save_pretrained(directory)
     torch.manual_seed(seed)
     config = transformers.AlbertConfig(
-        vocab_size=len(bert_chinese_vocab()), embedding_size=32, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=4, intermediate_size=2 * hidden, max_position_embeddings=128, hidden_act="gelu",
-        pad_token_id=0)
+        vocab_size=len(bert_chinese_vocab()),
+        embedding_size=32,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+        hidden_act="gelu",
+        pad_token_id=0,
+    )
     transformers.AlbertForMaskedLM(config).save_pretrained(directory)
-    raw = {k: v for k, v in json.loads((directory / "config.json").read_text()).items()
-           if k not in ("model_type", "architectures", "transformers_version")}
+    raw = {
+        k: v
+        for k, v in json.loads((directory / "config.json").read_text()).items()
+        if k not in ("model_type", "architectures", "transformers_version")
+    }
     (directory / "config.json").write_text(json.dumps({**raw, **VOIDFUL_EXTRAS}, indent=2))
     return directory
 
@@ -85,19 +114,36 @@ def workspace(tmp_path_factory):
 
 
 def clue_config(path: str, root: Path, overrides: list[str]):
-    return load_config(FinetuneJobConfig, CONFIGS / path, [
-        f"run.output_dir={root / 'runs'}", f"tracking.tracking_uri=sqlite:///{root}/mlflow.db", *overrides])
+    return load_config(
+        FinetuneJobConfig,
+        CONFIGS / path,
+        [f"run.output_dir={root / 'runs'}", f"tracking.tracking_uri=sqlite:///{root}/mlflow.db", *overrides],
+    )
 
 
 @pytest.fixture(scope="module")
 def lcqmc(workspace, ray_session):
     from albert_dist.finetune.job import finetune
 
-    cfg = clue_config("clue_lcqmc.yaml", workspace, [
-        f"model.init_from={workspace / 'albert_chinese_small'}", f"data.train={workspace / 'train.tsv'}",
-        f"data.dev={workspace / 'dev.tsv'}", "data.test=", "data.max_seq_length=64", "scaling.num_workers=1",
-        "scaling.cpus_per_worker=1", "finetune.epochs=1", "train.batch_size=16", "train.precision=fp32",
-        "train.eval_every=6", "train.log_every=3", "train.learning_rate=1e-3"])
+    cfg = clue_config(
+        "clue_lcqmc.yaml",
+        workspace,
+        [
+            f"model.init_from={workspace / 'albert_chinese_small'}",
+            f"data.train={workspace / 'train.tsv'}",
+            f"data.dev={workspace / 'dev.tsv'}",
+            "data.test=",
+            "data.max_seq_length=64",
+            "scaling.num_workers=1",
+            "scaling.cpus_per_worker=1",
+            "finetune.epochs=1",
+            "train.batch_size=16",
+            "train.precision=fp32",
+            "train.eval_every=6",
+            "train.log_every=3",
+            "train.learning_rate=1e-3",
+        ],
+    )
     return finetune(cfg)
 
 
@@ -140,8 +186,9 @@ def test_lcqmc_finetune_from_voidful_layout_exports_for_transformers(lcqmc, work
         logits = model(**{k: torch.tensor([v]) for k, v in mine.items()}).logits
     torch.testing.assert_close(logits, theirs, atol=1e-5, rtol=1e-4)
 
-    rows = run_predict(lcqmc.model_dir, workspace / "dev.tsv", tmp_path / "pred.jsonl", text_column="text_a",
-                       text_pair_column="text_b")
+    rows = run_predict(
+        lcqmc.model_dir, workspace / "dev.tsv", tmp_path / "pred.jsonl", text_column="text_a", text_pair_column="text_b"
+    )
     predictions = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text(encoding="utf-8").splitlines()]
     # the file's own columns are kept (its gold `label` as read), the prediction is `predicted_label`
     assert rows == 32 and {p["predicted_label"] for p in predictions} <= {"0", "1"}
@@ -200,11 +247,19 @@ def test_afqmc_and_tnews_configs_read_their_layouts(workspace, tmp_path):
     from albert_dist.finetune.job import prepare_task_data
 
     afqmc = [{"sentence1": a, "sentence2": b, "label": str(y)} for a, b, y in lcqmc_rows(20, seed=3)]
-    tnews = [{"label": str(100 + i % 3), "label_desc": ["news_tech", "news_culture", "news_travel"][i % 3],
-              "sentence": ZH_SENTENCES[i % len(ZH_SENTENCES)], "keywords": ""} for i in range(30)]
+    tnews = [
+        {
+            "label": str(100 + i % 3),
+            "label_desc": ["news_tech", "news_culture", "news_travel"][i % 3],
+            "sentence": ZH_SENTENCES[i % len(ZH_SENTENCES)],
+            "keywords": "",
+        }
+        for i in range(30)
+    ]
     for name, rows in (("afqmc", afqmc), ("tnews", tnews)):
-        (tmp_path / f"{name}.json").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
-                                               encoding="utf-8")
+        (tmp_path / f"{name}.json").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
+        )
     model = workspace / "albert_chinese_small"
     cfg = clue_config("clue_afqmc.yaml", tmp_path, [f"data.train={tmp_path / 'afqmc.json'}", "data.dev="])
     pairs = prepare_task_data(cfg.data, "classification", model)

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from chinese_helpers import ZH_SENTENCES, zh_corpus
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 from albert_dist.errors import ConfigError, DataError
-from chinese_helpers import ZH_SENTENCES, zh_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -20,9 +20,18 @@ CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
 
 
 def prepare_config(root: Path, corpus: Path, *extra: str) -> DataJobConfig:
-    return load_config(DataJobConfig, CONFIGS / "prepare_zh.yaml", [
-        f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.max_seq_length=64", "tokenizer.vocab_size=500",
-        "data.eval_fraction=0.1", *extra])
+    return load_config(
+        DataJobConfig,
+        CONFIGS / "prepare_zh.yaml",
+        [
+            f"run.output_dir={root}",
+            f"data.inputs=[{corpus}]",
+            "data.max_seq_length=64",
+            "tokenizer.vocab_size=500",
+            "data.eval_fraction=0.1",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +56,9 @@ def test_prepare_builds_a_bert_chinese_vocab_and_jieba_word_starts(prepared):
     assert {c for c in "".join(ZH_SENTENCES) if "\u4e00" <= c <= "\u9fff"} <= set(vocab)  # each CJK char a token
     assert not [t for t in vocab if t.startswith("##") and len(t) == 3 and "\u4e00" <= t[2] <= "\u9fff"]
     hf = transformers.AutoTokenizer.from_pretrained(tok_dir)
-    assert [hf.encode(s, add_special_tokens=False) for s in ZH_SENTENCES] == \
-        [data.tokenizer.encode(s) for s in ZH_SENTENCES]
+    assert [hf.encode(s, add_special_tokens=False) for s in ZH_SENTENCES] == [
+        data.tokenizer.encode(s) for s in ZH_SENTENCES
+    ]
     rows = data.train.take_batch(200, batch_format="numpy")
     tokens = [data.tokenizer.convert_ids_to_tokens(ids) for ids in rows["input_ids"]]
     cjk = [(t, s) for ts, ss in zip(tokens, rows["word_start"]) for t, s in zip(ts, ss) if "\u4e00" <= t[0] <= "\u9fff"]
@@ -76,11 +86,27 @@ def test_pretrain_zh_runs_and_exports_for_transformers(prepared, ray_session):
     from albert_dist.pretrain import pretrain
 
     root, cfg, _, data = prepared
-    pretrain_cfg = load_config(PretrainJobConfig, CONFIGS / "pretrain_zh.yaml", [
-        f"run.output_dir={root}", "model.embedding_size=32", "model.hidden_size=64", "model.num_hidden_layers=2",
-        "model.num_attention_heads=2", "model.intermediate_size=128", "scaling.num_workers=1",
-        "train.precision=fp32", "train.max_steps=4", "train.warmup_steps=1", "train.batch_size=8",
-        "train.eval_every=4", "train.eval_batches=2", "train.checkpoint_every=4", "train.log_every=2"])
+    pretrain_cfg = load_config(
+        PretrainJobConfig,
+        CONFIGS / "pretrain_zh.yaml",
+        [
+            f"run.output_dir={root}",
+            "model.embedding_size=32",
+            "model.hidden_size=64",
+            "model.num_hidden_layers=2",
+            "model.num_attention_heads=2",
+            "model.intermediate_size=128",
+            "scaling.num_workers=1",
+            "train.precision=fp32",
+            "train.max_steps=4",
+            "train.warmup_steps=1",
+            "train.batch_size=8",
+            "train.eval_every=4",
+            "train.eval_batches=2",
+            "train.checkpoint_every=4",
+            "train.log_every=2",
+        ],
+    )
     assert pretrain_cfg.data.output == cfg.data.output  # the pretraining config reads what prepare_zh.yaml writes
     outcome = pretrain(pretrain_cfg)
     assert outcome.metrics["step"] == 4 and np.isfinite(outcome.metrics["eval_mlm_accuracy"])

@@ -6,6 +6,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from chinese_helpers import ZH_SENTENCES
 
 from albert_dist.data import MaskingCollator, batch_rng
 from albert_dist.data.instances import InstanceSpec
@@ -13,7 +14,6 @@ from albert_dist.data.masking import IGNORE_INDEX
 from albert_dist.data.process import DocumentProcessor, ProcessSettings
 from albert_dist.data.segment import CJK, JiebaSegmenter, word_starts
 from albert_dist.tokenizer import albert_preprocess, load_tokenizer, train_sentencepiece, train_wordpiece
-from chinese_helpers import ZH_SENTENCES
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def jieba_word_of_tokens(tokenizer, segmenter, sentence: str) -> list[int]:
     word_at = np.zeros(len(text), np.int64)
     offset = 0
     for index, word in enumerate(segmenter.words(text)):
-        word_at[offset:offset + len(word)] = index
+        word_at[offset : offset + len(word)] = index
         offset += len(word)
     out, pos = [], 0
     for piece in tokenizer.tokenize(sentence):
@@ -55,7 +55,7 @@ def jieba_word_of_tokens(tokenizer, segmenter, sentence: str) -> list[int]:
             continue
         while text[pos] == " ":
             pos += 1
-        assert text[pos:pos + len(surface)] == surface, (sentence, piece)
+        assert text[pos : pos + len(surface)] == surface, (sentence, piece)
         out.append(int(word_at[pos]))
         pos += len(surface)
     return out
@@ -75,7 +75,7 @@ def test_masked_spans_cover_whole_jieba_words(tokenizer, segmenter):
     for seed in range(30):
         masked_ids, labels = collator.mask(*_padded(ids, flags), np.random.default_rng(seed))
         for row, word_of in enumerate(words):
-            is_masked = labels[row, :len(word_of)] != IGNORE_INDEX
+            is_masked = labels[row, : len(word_of)] != IGNORE_INDEX
             for word in set(word_of) - {-1}:
                 members = is_masked[np.array(word_of) == word]
                 assert members.all() or not members.any(), (ZH_SENTENCES[row], word, members)
@@ -130,8 +130,11 @@ def test_ids_stay_plain_characters_with_a_bert_chinese_vocab(tmp_path, segmenter
 
 def test_prepared_instances_carry_jieba_word_starts_and_masks_change_per_epoch(tokenizer):
     spec = InstanceSpec(64, 0.0, tokenizer.cls_id, tokenizer.sep_id)
-    documents = {"doc_key": np.array(["a", "b"], object), "presplit": np.zeros(2, bool),
-                 "text": np.array(["".join(ZH_SENTENCES[:6]), "".join(ZH_SENTENCES[6:])], object)}
+    documents = {
+        "doc_key": np.array(["a", "b"], object),
+        "presplit": np.zeros(2, bool),
+        "text": np.array(["".join(ZH_SENTENCES[:6]), "".join(ZH_SENTENCES[6:])], object),
+    }
     jieba_rows = DocumentProcessor(tokenizer, ProcessSettings(spec=spec, word_segmenter="jieba"))(documents)
     char_rows = DocumentProcessor(tokenizer, ProcessSettings(spec=spec))(documents)
     assert jieba_rows.column("input_ids").to_pylist() == char_rows.column("input_ids").to_pylist()
@@ -139,8 +142,10 @@ def test_prepared_instances_carry_jieba_word_starts_and_masks_change_per_epoch(t
     char_starts = np.concatenate(char_rows.column("word_start").to_pylist())
     assert jieba_starts.sum() < 0.8 * char_starts.sum()
     batch = {name: np.array(jieba_rows.column(name).to_pylist(), object) for name in ("input_ids", "word_start")}
-    batch |= {"token_type_ids": np.array(jieba_rows.column("token_type_ids").to_pylist(), object),
-              "sop_label": np.array(jieba_rows.column("sop_label").to_pylist())}
+    batch |= {
+        "token_type_ids": np.array(jieba_rows.column("token_type_ids").to_pylist(), object),
+        "sop_label": np.array(jieba_rows.column("sop_label").to_pylist()),
+    }
     collator = MaskingCollator.from_tokenizer(tokenizer, _masking())
     epoch0, epoch1 = (collator(batch, batch_rng(0, epoch, 0, 0))["labels"] for epoch in (0, 1))
     assert not np.array_equal(epoch0.numpy(), epoch1.numpy())

@@ -23,10 +23,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from mlflow.exceptions import MlflowException
 from checkpoint_helpers import assert_mid_run, verifying_steps
 from cluster_helpers import prepare_args, pretrain_args, sets
 from finetune_helpers import single_rows, write_csv
+from mlflow.exceptions import MlflowException
 from process_helpers import train_workers_of, wait_until_gone
 
 from albert_dist.jobs_client import auth_headers
@@ -37,7 +37,6 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # A cloud key in the submitter's environment must never travel anywhere (made here: the checkout is uploaded).
 CANARY = f"canary-{uuid.uuid4().hex}"
-
 
 
 def free_port() -> int:
@@ -60,8 +59,9 @@ def cluster():
     env.pop("ALBERT_DIST_HOME", None)
     stop = ["bash", str(REPO / "cluster/local/stop.sh")]
     try:
-        started = subprocess.run(["bash", str(REPO / "cluster/local/start.sh")], env=env, capture_output=True,
-                                 text=True, timeout=300)
+        started = subprocess.run(
+            ["bash", str(REPO / "cluster/local/start.sh")], env=env, capture_output=True, text=True, timeout=300
+        )
         assert started.returncode == 0, started.stdout + started.stderr
         client_env = {**sourced_env(state / "env.sh"), "AWS_SECRET_ACCESS_KEY": CANARY}
         yield state, client_env
@@ -84,8 +84,14 @@ def cluster_pids(state: Path) -> set[int]:
 
 
 def submit(env: dict[str, str], *args: str, timeout: float = 400) -> str:
-    out = subprocess.run([str(BIN / "albert-dist"), "submit", *args, "--follow"], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [str(BIN / "albert-dist"), "submit", *args, "--follow"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -115,13 +121,21 @@ def test_listeners_are_loopback_only(cluster):
 
 def test_without_credentials_nothing_is_served(cluster):
     _, env = cluster
-    for url in (f"{env['RAY_ADDRESS']}/api/jobs/", f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search"
-                                                   "?max_results=1"):
+    for url in (
+        f"{env['RAY_ADDRESS']}/api/jobs/",
+        f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1",
+    ):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(url, timeout=30)
         assert refused.value.code == 401, url
-    denied = subprocess.run([str(BIN / "albert-dist"), "jobs", "list"], capture_output=True, text=True, cwd=REPO,
-                            env={k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}, timeout=120)
+    denied = subprocess.run(
+        [str(BIN / "albert-dist"), "jobs", "list"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={k: v for k, v in env.items() if not k.startswith("RAY_AUTH")},
+        timeout=120,
+    )
     assert denied.returncode != 0
 
 
@@ -152,11 +166,19 @@ def stopped_and_resubmitted(cluster, stdlib_corpus):
     submit(env, "prepare_data", *prepare_args(stdlib_corpus), "--name", "prepare-1")
     # the stop lands ~15 steps after the first checkpoint here (5.5 s on a loaded 2-core machine): 120 steps leave
     # the job most of its run to be stopped in, and the resubmitted job little to train again
-    args = [*pretrain_args("stop-resume", steps=STOP_RESUME_STEPS), *sets(
-        "train.checkpoint_every=10", "train.log_every=10", f"train.eval_every={STOP_RESUME_STEPS}")]
+    args = [
+        *pretrain_args("stop-resume", steps=STOP_RESUME_STEPS),
+        *sets("train.checkpoint_every=10", "train.log_every=10", f"train.eval_every={STOP_RESUME_STEPS}"),
+    ]
     cli = [str(BIN / "albert-dist")]
-    started = subprocess.run([*cli, "submit", "pretrain", *args, "--name", "pretrain-stop"], env=env, cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
+    started = subprocess.run(
+        [*cli, "submit", "pretrain", *args, "--name", "pretrain-stop"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert started.returncode == 0, started.stdout + started.stderr
 
     # while it runs, the same submission again is refused (two drivers would share the run), before the job's
@@ -165,8 +187,14 @@ def stopped_and_resubmitted(cluster, stdlib_corpus):
     while job_status(env, "pretrain-stop") != "RUNNING":
         assert time.time() < deadline, job_status(env, "pretrain-stop")
         time.sleep(0.5)
-    again = subprocess.run([*cli, "submit", "pretrain", *args, "--name", "pretrain-stop"], env=env, cwd=REPO,
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [*cli, "submit", "pretrain", *args, "--name", "pretrain-stop"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode != 0 and "Traceback" not in again.stderr, again.stdout + again.stderr
     assert "job pretrain-stop is still RUNNING: stop it first (albert-dist jobs stop pretrain-stop)" in again.stderr
     assert job_status(env, "pretrain-stop-2") is None  # nothing submitted under the next attempt's name either
@@ -177,11 +205,15 @@ def stopped_and_resubmitted(cluster, stdlib_corpus):
         time.sleep(1)
     workers = set(train_workers_of(1)) & cluster_pids(state)  # the job's: no other runs on the cluster
     assert len(workers) == 2, workers
-    stopped = subprocess.run([*cli, "jobs", "stop", "pretrain-stop"], env=env, capture_output=True, text=True,
-                             timeout=120)
+    stopped = subprocess.run(
+        [*cli, "jobs", "stop", "pretrain-stop"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert "stop requested" in stopped.stdout, stopped.stdout + stopped.stderr
-    while (status := subprocess.run([*cli, "jobs", "status", "pretrain-stop"], env=env, capture_output=True,
-                                    text=True, timeout=120)).returncode == 0:
+    while (
+        status := subprocess.run(
+            [*cli, "jobs", "status", "pretrain-stop"], env=env, capture_output=True, text=True, timeout=120
+        )
+    ).returncode == 0:
         assert time.time() < deadline + 120, status.stdout
         time.sleep(1)
     assert "STOPPED" in status.stdout, status.stdout
@@ -205,8 +237,10 @@ def test_stopped_job_resumes_when_submitted_again(cluster, stopped_and_resubmitt
     assert final["hidden_size"] == 64
     try:
         client = mlflow_client(env)
-        runs = client.search_runs([client.get_experiment_by_name("albert-pretrain").experiment_id],
-                                  filter_string="attributes.run_name = 'stop-resume'")
+        runs = client.search_runs(
+            [client.get_experiment_by_name("albert-pretrain").experiment_id],
+            filter_string="attributes.run_name = 'stop-resume'",
+        )
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")]
         assert len(steps) == len(set(steps)) and max(steps) == STOP_RESUME_STEPS
@@ -222,18 +256,42 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stopped_and_resubm
     expected = {"albert-pretrain": "stop-resume"}
 
     write_csv(tmp_path / "train.csv", single_rows(96, seed=1))
-    out = submit(env, "finetune", "--config", "jobs/configs/finetune.yaml", "--name", "finetune-1", *sets(
-        "run.name=e2e-finetune", f"model.init_from={model_dir}", f"data.train={tmp_path / 'train.csv'}", "data.dev=",
-        "data.text_column=text", "data.max_seq_length=32", "finetune.epochs=1", "scaling.use_gpu=false",
-        "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "train.batch_size=16", "train.eval_every=100",
-        "train.precision=fp32"))
+    out = submit(
+        env,
+        "finetune",
+        "--config",
+        "jobs/configs/finetune.yaml",
+        "--name",
+        "finetune-1",
+        *sets(
+            "run.name=e2e-finetune",
+            f"model.init_from={model_dir}",
+            f"data.train={tmp_path / 'train.csv'}",
+            "data.dev=",
+            "data.text_column=text",
+            "data.max_seq_length=32",
+            "finetune.epochs=1",
+            "scaling.use_gpu=false",
+            "scaling.num_workers=1",
+            "scaling.cpus_per_worker=0.5",
+            "train.batch_size=16",
+            "train.eval_every=100",
+            "train.precision=fp32",
+        ),
+    )
     assert "finetune-1 SUCCEEDED" in out
     expected["albert-finetune"] = "e2e-finetune"
 
-    jobs_user = {"MLFLOW_TRACKING_USERNAME": "albert-jobs",
-                 "MLFLOW_TRACKING_PASSWORD": (state / "mlflow_jobs_password").read_text().strip()}
-    secrets = {CANARY, env["MLFLOW_TRACKING_PASSWORD"], jobs_user["MLFLOW_TRACKING_PASSWORD"],
-               (state / "ray_auth_token").read_text().strip()}
+    jobs_user = {
+        "MLFLOW_TRACKING_USERNAME": "albert-jobs",
+        "MLFLOW_TRACKING_PASSWORD": (state / "mlflow_jobs_password").read_text().strip(),
+    }
+    secrets = {
+        CANARY,
+        env["MLFLOW_TRACKING_PASSWORD"],
+        jobs_user["MLFLOW_TRACKING_PASSWORD"],
+        (state / "ray_auth_token").read_text().strip(),
+    }
     try:
         client = mlflow_client(env)
         admins_own = client.create_experiment("admins-own")
@@ -245,13 +303,16 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stopped_and_resubm
             jobs_client.get_experiment(admins_own)
         client = mlflow_client(env)
         for experiment, run_name in expected.items():
-            runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
-                                      filter_string=f"attributes.run_name = '{run_name}'")
+            runs = client.search_runs(
+                [client.get_experiment_by_name(experiment).experiment_id],
+                filter_string=f"attributes.run_name = '{run_name}'",
+            )
             assert len(runs) == 1 and runs[0].info.status == "FINISHED"
             run = runs[0]
             assert {"loss"} <= set(run.data.metrics), run.data.metrics
             assert {"config.json", "model.safetensors"} <= {
-                Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")}
+                Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")
+            }
             logged = " ".join(f"{k}={v}" for k, v in {**run.data.params, **run.data.tags}.items())
             assert not any(s in logged for s in secrets)
             for artifact in client.list_artifacts(run.info.run_id, "config"):
@@ -263,7 +324,8 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stopped_and_resubm
     ray_tmp = Path((state / "ray_tmp").read_text().strip())
     searched = [ray_tmp / "session_latest", state / "logs", outputs, state / "mlflow" / "artifacts"]
     assert all(any(folder.rglob("*")) for folder in searched), "a folder to search is missing or empty"
-    leaks = subprocess.run(["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), *map(str, searched)],
-                           capture_output=True, text=True)
+    leaks = subprocess.run(
+        ["grep", "-rlaF", *sum((["-e", s] for s in secrets), []), *map(str, searched)], capture_output=True, text=True
+    )
     # grep's exit status 1 is "searched everything, found nothing"; 2 (a path it could not read) is no proof
     assert leaks.returncode == 1, f"secrets written to {leaks.stdout}" if leaks.stdout else leaks.stderr

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_jobs_entrypoints import config_class
 
 from albert_dist.config import load_config
 from albert_dist.job_registry import JOBS
-from test_jobs_entrypoints import config_class
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "cluster"
@@ -25,8 +25,17 @@ def load(name: str) -> dict:
 
 def test_cluster_launcher_config():
     cfg = load("aws.yaml")
-    assert {"cluster_name", "provider", "auth", "available_node_types", "head_node_type", "file_mounts",
-            "setup_commands", "head_start_ray_commands", "worker_start_ray_commands"} <= set(cfg)
+    assert {
+        "cluster_name",
+        "provider",
+        "auth",
+        "available_node_types",
+        "head_node_type",
+        "file_mounts",
+        "setup_commands",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    } <= set(cfg)
     nodes = cfg["available_node_types"]
     assert cfg["head_node_type"] in nodes and nodes[cfg["head_node_type"]]["resources"] == {"CPU": 0}
     assert any(node["node_config"]["InstanceType"].startswith(("g", "p")) for node in nodes.values())
@@ -71,8 +80,9 @@ def expand(text: str) -> list[str]:
     match = re.search(r"\{([^}]*)\}", text)
     if not match:
         return [text]
-    return [t for option in match.group(1).split(",")
-            for t in expand(text[:match.start()] + option + text[match.end():])]
+    return [
+        t for option in match.group(1).split(",") for t in expand(text[: match.start()] + option + text[match.end() :])
+    ]
 
 
 def entrypoints() -> list[str]:
@@ -92,6 +102,7 @@ def test_named_entry_points_exist_and_their_configs_validate(command, monkeypatc
     assert (module, *positional) in [job.entry for job in JOBS.values()] and flag == "--config"
     assert (REPO / config).is_file(), config
     load_config(config_class(Path(config).stem), REPO / config)
-    help_text = subprocess.run([sys.executable, "-m", module, *positional, "--help"], cwd=REPO, capture_output=True,
-                               text=True, timeout=60)
+    help_text = subprocess.run(
+        [sys.executable, "-m", module, *positional, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert help_text.returncode == 0 and "--config" in help_text.stdout, help_text.stderr

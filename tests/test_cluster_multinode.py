@@ -61,8 +61,14 @@ class Hosts:
         """Run in namespace `ns`, output to `log`; returns the output, fails the test with its tail on error."""
         with open(log, "w") as out:
             try:
-                code = subprocess.run(["ip", "netns", "exec", ns, *args], env=env, timeout=timeout, stdout=out,
-                                      stderr=subprocess.STDOUT, **kwargs).returncode
+                code = subprocess.run(
+                    ["ip", "netns", "exec", ns, *args],
+                    env=env,
+                    timeout=timeout,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    **kwargs,
+                ).returncode
             except subprocess.TimeoutExpired:
                 code = "timeout"
         text = log.read_text(errors="replace")
@@ -92,9 +98,11 @@ def write_secret(path: Path) -> str:
 def basic_auth_config(root: Path, password: str) -> Path:
     """MLflow's basic-auth settings: nobody but the admin may read or write (cluster/local/start.sh's)."""
     config = root / "mlflow_auth.ini"
-    config.write_text(f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = sqlite:///{root}/basic_auth.db\n"
-                      f"admin_username = admin\nadmin_password = {password}\n"
-                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    config.write_text(
+        f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = sqlite:///{root}/basic_auth.db\n"
+        f"admin_username = admin\nadmin_password = {password}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
     return config
 
 
@@ -118,41 +126,120 @@ def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
     root = Path(tempfile.mkdtemp(prefix="adn-", dir="/tmp"))  # short: Ray's socket paths live below it
     # both hosts' Ray wants its token, the tracking server its password, as cluster/local/start.sh sets them up
     token, password = write_secret(root / "ray_auth_token"), write_secret(root / "mlflow_admin_password")
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token",
-           "RAY_AUTH_TOKEN_PATH": str(root / "ray_auth_token"), "MLFLOW_TRACKING_USERNAME": "admin",
-           "MLFLOW_TRACKING_PASSWORD": password,
-           "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", "ALBERT_DIST_HOME": str(root / "out"),
-           "MLFLOW_TRACKING_URI": f"http://{HEAD_IP}:{MLFLOW_PORT}", "PYTHONPATH": str(REPO),
-           # this machine's hostname resolves to 127.0.0.1: name the interface Gloo should use between hosts
-           "GLOO_SOCKET_IFNAME": NIC,
-           # Ray Train's worker-group listing (ranks and IPs, read below) is one of Ray's log lines
-           "ALBERT_DIST_VERBOSE": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(root / "ray_auth_token"),
+        "MLFLOW_TRACKING_USERNAME": "admin",
+        "MLFLOW_TRACKING_PASSWORD": password,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONUNBUFFERED": "1",
+        "ALBERT_DIST_HOME": str(root / "out"),
+        "MLFLOW_TRACKING_URI": f"http://{HEAD_IP}:{MLFLOW_PORT}",
+        "PYTHONPATH": str(REPO),
+        # this machine's hostname resolves to 127.0.0.1: name the interface Gloo should use between hosts
+        "GLOO_SOCKET_IFNAME": NIC,
+        # Ray Train's worker-group listing (ranks and IPs, read below) is one of Ray's log lines
+        "ALBERT_DIST_VERBOSE": "1",
+    }
     env.pop("RAY_ADDRESS", None)
     try:
         subprocess.Popen(
-            ["ip", "netns", "exec", hosts.head, str(BIN / "mlflow"), "server", "--host", HEAD_IP, "--port",
-             str(MLFLOW_PORT), "--workers", "1", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-             "--artifacts-destination", str(root / "artifacts"), "--app-name", "basic-auth"],
-            env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-                 "MLFLOW_AUTH_CONFIG_PATH": str(basic_auth_config(root, password)),
-                 "MLFLOW_FLASK_SERVER_SECRET_KEY": write_secret(root / "mlflow_secret_key")},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "ip",
+                "netns",
+                "exec",
+                hosts.head,
+                str(BIN / "mlflow"),
+                "server",
+                "--host",
+                HEAD_IP,
+                "--port",
+                str(MLFLOW_PORT),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{root}/mlflow.db",
+                "--artifacts-destination",
+                str(root / "artifacts"),
+                "--app-name",
+                "basic-auth",
+            ],
+            env={
+                **env,
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+                "MLFLOW_AUTH_CONFIG_PATH": str(basic_auth_config(root, password)),
+                "MLFLOW_FLASK_SERVER_SECRET_KEY": write_secret(root / "mlflow_secret_key"),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         # 2 logical CPUs a node: one Train worker (0.5) each, and room for the Ray Data tasks that feed it
         node = ["--num-cpus", "2", "--object-store-memory", "300000000", "--disable-usage-stats"]
         logs = root / "logs"
         logs.mkdir()
-        hosts.run(hosts.head, ["ray", "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(GCS_PORT),
-                               "--dashboard-host", "127.0.0.1", "--temp-dir", str(root / "rh"), *node],
-                  env, 180, logs / "head.log")
-        hosts.run(hosts.worker, ["ray", "start", "--address", f"{HEAD_IP}:{GCS_PORT}", "--node-ip-address",
-                                 WORKER_IP, "--temp-dir", str(root / "rw"), *node], env, 180, logs / "worker.log")
+        hosts.run(
+            hosts.head,
+            [
+                "ray",
+                "start",
+                "--head",
+                "--node-ip-address",
+                HEAD_IP,
+                "--port",
+                str(GCS_PORT),
+                "--dashboard-host",
+                "127.0.0.1",
+                "--temp-dir",
+                str(root / "rh"),
+                *node,
+            ],
+            env,
+            180,
+            logs / "head.log",
+        )
+        hosts.run(
+            hosts.worker,
+            [
+                "ray",
+                "start",
+                "--address",
+                f"{HEAD_IP}:{GCS_PORT}",
+                "--node-ip-address",
+                WORKER_IP,
+                "--temp-dir",
+                str(root / "rw"),
+                *node,
+            ],
+            env,
+            180,
+            logs / "worker.log",
+        )
 
         driver = {**env, "RAY_ADDRESS": f"{HEAD_IP}:{GCS_PORT}"}
-        hosts.run(hosts.head, ["python", "-m", "jobs.prepare_data", *prepare_args(stdlib_corpus)], driver, 300,
-                  logs / "prepare.log", cwd=REPO)
-        trained = hosts.run(hosts.head, ["python", "-m", "jobs.pretrain", *pretrain_args("two-hosts", steps=12),
-                                         *sets("scaling.placement_strategy=STRICT_SPREAD")],
-                            driver, 400, logs / "pretrain.log", cwd=REPO)
+        hosts.run(
+            hosts.head,
+            ["python", "-m", "jobs.prepare_data", *prepare_args(stdlib_corpus)],
+            driver,
+            300,
+            logs / "prepare.log",
+            cwd=REPO,
+        )
+        trained = hosts.run(
+            hosts.head,
+            [
+                "python",
+                "-m",
+                "jobs.pretrain",
+                *pretrain_args("two-hosts", steps=12),
+                *sets("scaling.placement_strategy=STRICT_SPREAD"),
+            ],
+            driver,
+            400,
+            logs / "pretrain.log",
+            cwd=REPO,
+        )
 
         # Ray Train lists its worker group: "- (ip=10.201.0.2, pid=123) world_rank=0, local_rank=0, node_rank=0"
         ranks = dict(re.findall(r"\(ip=([\d.]+), pid=\d+\) world_rank=(\d+)", trained))
@@ -162,21 +249,43 @@ def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
         checkpoints = sorted((run_dir / "ray" / "two-hosts").glob("checkpoint_*"))
         assert checkpoints and (run_dir / "model" / "config.json").is_file()
         run_id = (run_dir / "mlflow_run_id").read_text().strip()
-        in_head = hosts.run(hosts.head, ["python", "-c", (
-            "import json, sys; from mlflow.tracking import MlflowClient; r = MlflowClient().get_run(sys.argv[1]); "
-            "print(json.dumps({'status': r.info.status, 'metrics': sorted(r.data.metrics), "
-            "'world_size': r.data.params.get('world_size')}))"), run_id], env, 120, logs / "mlflow.json")
+        in_head = hosts.run(
+            hosts.head,
+            [
+                "python",
+                "-c",
+                (
+                    "import json, sys; from mlflow.tracking import MlflowClient; r = MlflowClient().get_run(sys.argv[1]); "
+                    "print(json.dumps({'status': r.info.status, 'metrics': sorted(r.data.metrics), "
+                    "'world_size': r.data.params.get('world_size')}))"
+                ),
+                run_id,
+            ],
+            env,
+            120,
+            logs / "mlflow.json",
+        )
         run = json.loads(in_head.strip().splitlines()[-1])
         assert run["status"] == "FINISHED" and run["world_size"] == "2"
         assert {"loss", "mlm_accuracy"} <= set(run["metrics"])
         # the run went through the password: the tracking server refuses a request without it, from either host
         unauthenticated = {k: v for k, v in env.items() if not k.startswith("MLFLOW_TRACKING_")}
-        refused = hosts.run(hosts.worker, ["python", "-c", (
-            "import sys, urllib.error, urllib.request\n"
-            "try: urllib.request.urlopen(sys.argv[1], timeout=30); print('status 200')\n"
-            "except urllib.error.HTTPError as err: print('status', err.code)"),
-            f"http://{HEAD_IP}:{MLFLOW_PORT}/api/2.0/mlflow/runs/get?run_id={run_id}"], unauthenticated, 120,
-            logs / "refused.txt")
+        refused = hosts.run(
+            hosts.worker,
+            [
+                "python",
+                "-c",
+                (
+                    "import sys, urllib.error, urllib.request\n"
+                    "try: urllib.request.urlopen(sys.argv[1], timeout=30); print('status 200')\n"
+                    "except urllib.error.HTTPError as err: print('status', err.code)"
+                ),
+                f"http://{HEAD_IP}:{MLFLOW_PORT}/api/2.0/mlflow/runs/get?run_id={run_id}",
+            ],
+            unauthenticated,
+            120,
+            logs / "refused.txt",
+        )
         assert refused.strip().splitlines()[-1] == "status 401", refused
         assert token not in trained and password not in trained
     finally:

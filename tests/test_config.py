@@ -13,8 +13,9 @@ def write(tmp_path, text):
 
 def test_yaml_and_overrides_are_typed(tmp_path):
     path = write(tmp_path, "train:\n  max_steps: 50\n  warmup_steps: 5\nmodel:\n  preset: base\n")
-    cfg = load_config(PretrainJobConfig, path, ["train.learning_rate=1e-4", "model.hidden_size=256",
-                                                "scaling.use_gpu=true"])
+    cfg = load_config(
+        PretrainJobConfig, path, ["train.learning_rate=1e-4", "model.hidden_size=256", "scaling.use_gpu=true"]
+    )
     assert cfg.train.max_steps == 50 and cfg.train.learning_rate == pytest.approx(1e-4)
     assert cfg.model.preset == "base" and cfg.model.hidden_size == 256 and cfg.scaling.use_gpu is True
     assert cfg.model.overrides() == {"hidden_size": 256}
@@ -90,22 +91,25 @@ def test_override_keeps_the_job_s_own_section_defaults():
     assert cfg.train.max_steps == 500 and cfg.train.batch_size == DemoJobConfig().train.batch_size
 
 
-@pytest.mark.parametrize("job, key, hint", [
-    ("finetune", "train.warmup_steps=10", "finetune.warmup_ratio"),
-    ("distill", "train.eval_batches=5", "whole dev set"),
-    ("finetune", "model.preset=base", "model.init_from's"),
-    ("finetune", "model.hidden_size=64", "can change its dropout"),
-    ("pretrain", "data.format=blocks", "data prepare"),
-    ("pretrain", "data.inputs=[a.txt]", "data prepare"),
-    ("pretrain", "masking.static=true", "data prepare's masking.static"),
-    ("prepare_data", "data.cache=memory", None),
-    ("prepare_data", "run.name=prepare", "data.output"),
-    ("prepare_data", "run.seed=1", "data.seed"),
-    ("demo", "data.inputs=[a.txt]", None),
-    ("demo", "train.lr_range_test=true", "albert-dist pretrain's"),
-    ("demo", "run.resume_changes=allow", "the demo starts afresh"),
-    ("tune-finetune", "run.resume_changes=allow", "a sweep resumes its trials as they were launched"),
-])
+@pytest.mark.parametrize(
+    "job, key, hint",
+    [
+        ("finetune", "train.warmup_steps=10", "finetune.warmup_ratio"),
+        ("distill", "train.eval_batches=5", "whole dev set"),
+        ("finetune", "model.preset=base", "model.init_from's"),
+        ("finetune", "model.hidden_size=64", "can change its dropout"),
+        ("pretrain", "data.format=blocks", "data prepare"),
+        ("pretrain", "data.inputs=[a.txt]", "data prepare"),
+        ("pretrain", "masking.static=true", "data prepare's masking.static"),
+        ("prepare_data", "data.cache=memory", None),
+        ("prepare_data", "run.name=prepare", "data.output"),
+        ("prepare_data", "run.seed=1", "data.seed"),
+        ("demo", "data.inputs=[a.txt]", None),
+        ("demo", "train.lr_range_test=true", "albert-dist pretrain's"),
+        ("demo", "run.resume_changes=allow", "the demo starts afresh"),
+        ("tune-finetune", "run.resume_changes=allow", "a sweep resumes its trials as they were launched"),
+    ],
+)
 def test_keys_a_job_does_not_read_are_unknown_with_a_hint(job, key, hint):
     """A key another job reads is refused by a job that would ignore it, and the message says where it belongs."""
     from albert_dist.job_registry import JOBS
@@ -136,8 +140,12 @@ def test_pretraining_from_a_model_keeps_its_shape():
 
 def test_preparation_refuses_options_it_would_not_use():
     """With a given tokenizer its training options, and without static masks the masking options, do nothing."""
-    assert load_config(DataJobConfig, None, ["tokenizer.path=/tok", "masking.static=true",
-                                             "masking.mlm_probability=0.2"]).masking.mlm_probability == 0.2
+    assert (
+        load_config(
+            DataJobConfig, None, ["tokenizer.path=/tok", "masking.static=true", "masking.mlm_probability=0.2"]
+        ).masking.mlm_probability
+        == 0.2
+    )
     with pytest.raises(ConfigError, match=r"tokenizer\.vocab_size: options of training a tokenizer"):
         load_config(DataJobConfig, None, ["tokenizer.path=/tok", "tokenizer.vocab_size=500"])
     with pytest.raises(ConfigError, match=r"masking\.max_ngram, masking\.whole_word: options of static masks"):
@@ -160,8 +168,9 @@ def test_distillation_keeps_its_run_directory_local():
     """The student's initial weights are staged in the run directory, which every worker reads."""
     from albert_dist.finetune.config import DistillJobConfig
 
-    with pytest.raises(ConfigError, match="run: output_dir is a URI, but distillation stages the student's initial "
-                                          "weights"):
+    with pytest.raises(
+        ConfigError, match="run: output_dir is a URI, but distillation stages the student's initial weights"
+    ):
         load_config(DistillJobConfig, None, ["run.output_dir=s3://bucket/runs"])
 
 
@@ -177,5 +186,6 @@ def test_phases_give_max_steps_or_must_agree_with_it(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.phases\.0\.data: .*credentials"):
         load_config(PretrainJobConfig, None, ["train.phases=[{data: 's3://key:secret@bucket/x', steps: 5}]"])
     from albert_dist.finetune.config import FinetuneJobConfig
+
     with pytest.raises(ConfigError, match=r"train\.phases: unknown key"):
         load_config(FinetuneJobConfig, None, [two])

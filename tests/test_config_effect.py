@@ -13,26 +13,37 @@ from __future__ import annotations
 
 import shutil
 import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from finetune_helpers import pair_rows, tiny_model_dir, write_csv
 from pydantic import BaseModel, Field
 
 from albert_dist.config import DataJobConfig, Section, load_config
 from albert_dist.errors import ConfigError
 from albert_dist.tune.space import with_values
-from finetune_helpers import pair_rows, tiny_model_dir, write_csv
 
-TRACKING = {"tracking.tracking_uri": "where the MLflow run is recorded (tracking.job_run), not what it does",
-            "tracking.experiment": "the MLflow experiment the run is recorded in",
-            "tracking.register_model": "the name the published model is registered under, after training"}
+TRACKING = {
+    "tracking.tracking_uri": "where the MLflow run is recorded (tracking.job_run), not what it does",
+    "tracking.experiment": "the MLflow experiment the run is recorded in",
+    "tracking.register_model": "the name the published model is registered under, after training",
+}
 OUTPUT_ONLY = {
-    "pretrain": {**TRACKING, **{f"train.lr_range_{k}": "the learning-rate range test, run instead of training "
-                                                        "(PRETRAIN.instead; test_pretrain's range test)"
-                                for k in ("test", "steps", "min", "max")}},
-    "finetune": {**TRACKING, "data.format": "the files' own format: auto reads each by its extension, another "
-                                            "format on the same file is an error, not another plan"},
+    "pretrain": {
+        **TRACKING,
+        **{
+            f"train.lr_range_{k}": "the learning-rate range test, run instead of training "
+            "(PRETRAIN.instead; test_pretrain's range test)"
+            for k in ("test", "steps", "min", "max")
+        },
+    },
+    "finetune": {
+        **TRACKING,
+        "data.format": "the files' own format: auto reads each by its extension, another "
+        "format on the same file is an error, not another plan",
+    },
     "distill": {**TRACKING, "data.format": "as fine-tuning's"},
 }
 
@@ -72,8 +83,7 @@ def other_value(field, value: Any) -> Any:
     return None
 
 
-def keys_without_effect(plan, cfg: BaseModel, alternatives: dict[str, Any], output_only: dict[str, str]
-                        ) -> list[str]:
+def keys_without_effect(plan, cfg: BaseModel, alternatives: dict[str, Any], output_only: dict[str, str]) -> list[str]:
     """The keys of `cfg` whose other value leaves `plan(cfg).resolved()` as it is (or that have no other value),
     each with why."""
     base = plan(cfg).resolved()
@@ -112,8 +122,16 @@ def inputs(tmp_path_factory, stdlib_corpus):
     tiny_model_dir(root / "other_model", tokenizer, hidden_size=32, num_attention_heads=2)
     for name in ("model", "other_model"):
         teacher(root / name, root / f"{name}_teacher")
-    rows = [{"text": row["sentence1"], "sentence": row["sentence2"], "label": ["no", "yes"][row["label"]],
-             "label2": ["no", "yes"][i % 2], "score": float(i % 5)} for i, row in enumerate(pair_rows(120, seed=1))]
+    rows = [
+        {
+            "text": row["sentence1"],
+            "sentence": row["sentence2"],
+            "label": ["no", "yes"][row["label"]],
+            "label2": ["no", "yes"][i % 2],
+            "score": float(i % 5),
+        }
+        for i, row in enumerate(pair_rows(120, seed=1))
+    ]
     write_csv(root / "train.csv", rows)
     write_csv(root / "other_train.csv", rows[::-1][:100])
     write_csv(root / "dev.csv", rows[:40])
@@ -126,10 +144,21 @@ def prepared(inputs, ray_session):
     """The corpus prepared for pretraining with Ray Data (and a copy), a model on its tokenizer."""
     from albert_dist.data.prepare import prepare_dataset
 
-    prepare_dataset(load_config(DataJobConfig, None, [
-        f"run.output_dir={inputs}", f"data.inputs=[{inputs / 'corpus.txt'}]", "data.format=blocks",
-        "data.output=prepared", "data.max_seq_length=64", "data.eval_fraction=0.1",
-        f"tokenizer.path={inputs / 'tokenizer'}"]))
+    prepare_dataset(
+        load_config(
+            DataJobConfig,
+            None,
+            [
+                f"run.output_dir={inputs}",
+                f"data.inputs=[{inputs / 'corpus.txt'}]",
+                "data.format=blocks",
+                "data.output=prepared",
+                "data.max_seq_length=64",
+                "data.eval_fraction=0.1",
+                f"tokenizer.path={inputs / 'tokenizer'}",
+            ],
+        )
+    )
     shutil.copytree(inputs / "prepared", inputs / "prepared_copy")
     return inputs
 
@@ -140,7 +169,8 @@ def teacher(model_dir: Path, directory: Path) -> Path:
     from albert_dist.tokenizer import load_tokenizer
 
     AlbertForSequenceClassification.from_pretrained(
-        model_dir, num_labels=2, id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1}).save_pretrained(directory)
+        model_dir, num_labels=2, id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1}
+    ).save_pretrained(directory)
     load_tokenizer(model_dir).save(directory)
     return directory
 
@@ -153,40 +183,75 @@ def test_every_pretraining_key_changes_the_plan(prepared):
     from albert_dist.config import PretrainJobConfig
     from albert_dist.pretrain import PRETRAIN
 
-    cfg = load_config(PretrainJobConfig, None, [
-        f"run.output_dir={prepared}", "data.output=prepared", "model.embedding_size=16", "model.hidden_size=32",
-        "model.num_attention_heads=2", "model.intermediate_size=64", "train.max_steps=10", "train.warmup_steps=2"])
+    cfg = load_config(
+        PretrainJobConfig,
+        None,
+        [
+            f"run.output_dir={prepared}",
+            "data.output=prepared",
+            "model.embedding_size=16",
+            "model.hidden_size=32",
+            "model.num_attention_heads=2",
+            "model.intermediate_size=64",
+            "train.max_steps=10",
+            "train.warmup_steps=2",
+        ],
+    )
     shape = {f"model.{k}": None for k in ("embedding_size", "hidden_size", "num_attention_heads", "intermediate_size")}
     alternatives = {
         **common(prepared),
-        "run.output_dir": Together({"run.output_dir": str(prepared / "elsewhere"), "data.output": str(prepared / "prepared")}),
-        "model.preset": "base", "model.init_from": Together({"model.init_from": str(prepared / "model"), **shape}),
-        "model.hidden_size": 48, "model.num_attention_heads": 4,  # the heads divide the width
-        "model.num_hidden_layers": 2, "model.num_hidden_groups": 2, "model.inner_group_num": 2,
-        "model.hidden_act": "relu", "model.max_position_embeddings": 256, "model.hidden_dropout_prob": 0.05,
-        "model.attention_probs_dropout_prob": 0.05, "model.classifier_dropout_prob": 0.05,
-        "data.output": "prepared_copy", "data.cache": "stream",
-        "train.phases": [{"steps": 5}, {"steps": 5, "batch_size": 4, "max_seq_length": 64,
-                                        "data": "prepared_copy"}],
+        "run.output_dir": Together(
+            {"run.output_dir": str(prepared / "elsewhere"), "data.output": str(prepared / "prepared")}
+        ),
+        "model.preset": "base",
+        "model.init_from": Together({"model.init_from": str(prepared / "model"), **shape}),
+        "model.hidden_size": 48,
+        "model.num_attention_heads": 4,  # the heads divide the width
+        "model.num_hidden_layers": 2,
+        "model.num_hidden_groups": 2,
+        "model.inner_group_num": 2,
+        "model.hidden_act": "relu",
+        "model.max_position_embeddings": 256,
+        "model.hidden_dropout_prob": 0.05,
+        "model.attention_probs_dropout_prob": 0.05,
+        "model.classifier_dropout_prob": 0.05,
+        "data.output": "prepared_copy",
+        "data.cache": "stream",
+        "train.phases": [{"steps": 5}, {"steps": 5, "batch_size": 4, "max_seq_length": 64, "data": "prepared_copy"}],
     }
     assert keys_without_effect(PRETRAIN.plan, cfg, alternatives, OUTPUT_ONLY["pretrain"]) == []
 
 
 def task_alternatives(root: Path) -> dict[str, Any]:
     by_steps = {"finetune.epochs": None, "train.max_steps": 7}
-    return {**common(root),
-            "data.train": str(root / "other_train.csv"), "data.dev": str(root / "dev.csv"),
-            "data.test": str(root / "test.csv"), "data.text_column": "sentence",
-            "data.text_pair_column": "sentence", "data.label_column": "label2", "data.labels": ["yes", "no"],
-            "data.max_seq_length": 48, "finetune.lr_scales": {"head": 2.0}, "finetune.metric": "f1",
-            "finetune.early_stopping_patience": 2, "finetune.epochs": Together(by_steps),
-            "train.max_steps": Together(by_steps)}
+    return {
+        **common(root),
+        "data.train": str(root / "other_train.csv"),
+        "data.dev": str(root / "dev.csv"),
+        "data.test": str(root / "test.csv"),
+        "data.text_column": "sentence",
+        "data.text_pair_column": "sentence",
+        "data.label_column": "label2",
+        "data.labels": ["yes", "no"],
+        "data.max_seq_length": 48,
+        "finetune.lr_scales": {"head": 2.0},
+        "finetune.metric": "f1",
+        "finetune.early_stopping_patience": 2,
+        "finetune.epochs": Together(by_steps),
+        "train.max_steps": Together(by_steps),
+    }
 
 
 def task_config(cls, root: Path, **sections) -> Any:
-    return cls.model_validate({"run": {"output_dir": str(root)}, "data": {"train": str(root / "train.csv"),
-                                                                          "max_seq_length": 32},
-                               "scaling": {"num_workers": 1}, "train": {"batch_size": 8}, **sections})
+    return cls.model_validate(
+        {
+            "run": {"output_dir": str(root)},
+            "data": {"train": str(root / "train.csv"), "max_seq_length": 32},
+            "scaling": {"num_workers": 1},
+            "train": {"batch_size": 8},
+            **sections,
+        }
+    )
 
 
 def test_every_finetuning_key_changes_the_plan(inputs):
@@ -194,10 +259,14 @@ def test_every_finetuning_key_changes_the_plan(inputs):
     from albert_dist.finetune.job import FINETUNE
 
     cfg = task_config(FinetuneJobConfig, inputs, model={"init_from": str(inputs / "model")})
-    alternatives = {**task_alternatives(inputs), "model.init_from": str(inputs / "other_model"),
-                    "model.hidden_dropout_prob": 0.05, "model.attention_probs_dropout_prob": 0.05,
-                    "model.classifier_dropout_prob": 0.05,
-                    "finetune.task": Together({"finetune.task": "regression", "data.label_column": "score"})}
+    alternatives = {
+        **task_alternatives(inputs),
+        "model.init_from": str(inputs / "other_model"),
+        "model.hidden_dropout_prob": 0.05,
+        "model.attention_probs_dropout_prob": 0.05,
+        "model.classifier_dropout_prob": 0.05,
+        "finetune.task": Together({"finetune.task": "regression", "data.label_column": "score"}),
+    }
     assert keys_without_effect(FINETUNE.plan, cfg, alternatives, OUTPUT_ONLY["finetune"]) == []
 
 
@@ -206,10 +275,16 @@ def test_every_distillation_key_changes_the_plan(inputs):
     from albert_dist.finetune.distill import DISTILL
 
     cfg = task_config(DistillJobConfig, inputs, distill={"teacher": str(inputs / "model_teacher")})
-    alternatives = {**task_alternatives(inputs), "distill.teacher": str(inputs / "other_model_teacher"),
-                    "student.init_from": str(inputs / "other_model"), "student.num_hidden_layers": 2,
-                    "student.hidden_size": 32, "student.num_attention_heads": 2, "student.intermediate_size": 64,
-                    "student.init_from_teacher": False}
+    alternatives = {
+        **task_alternatives(inputs),
+        "distill.teacher": str(inputs / "other_model_teacher"),
+        "student.init_from": str(inputs / "other_model"),
+        "student.num_hidden_layers": 2,
+        "student.hidden_size": 32,
+        "student.num_attention_heads": 2,
+        "student.intermediate_size": 64,
+        "student.init_from_teacher": False,
+    }
     assert keys_without_effect(DISTILL.plan, cfg, alternatives, {**OUTPUT_ONLY["distill"], **REFUSED["distill"]}) == []
     with pytest.raises(ConfigError, match="data: labels: distillation learns the teacher's labels"):
         load_config(DistillJobConfig, None, [f"distill.teacher={inputs / 'model'}", "data.labels=[neg, pos]"])
@@ -229,4 +304,5 @@ def test_a_key_the_plan_ignores_is_reported(inputs):
     cfg = task_config(Job, inputs, model={"init_from": str(inputs / "model")})
     everything_else = {key: None for key, _ in leaf_keys(Job) if key != "finetune.never_read"}
     assert keys_without_effect(FINETUNE.plan, cfg, {}, everything_else) == [
-        "finetune.never_read: {'finetune.never_read': 2} leaves the plan as it is"]
+        "finetune.never_read: {'finetune.never_read': 2} leaves the plan as it is"
+    ]

@@ -18,8 +18,9 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, get_args
+from typing import get_args
 
 import pytest
 from pydantic import BaseModel, Field
@@ -36,8 +37,9 @@ def section_fields(cls: type[BaseModel], prefix: str = "") -> Iterator[tuple[str
     """(dotted path, field name) of every field of `cls` and, recursively, of its sections."""
     for name, field in cls.model_fields.items():
         path = f"{prefix}{name}"
-        sections = [t for t in (field.annotation, *get_args(field.annotation))
-                    if isinstance(t, type) and issubclass(t, Section)]
+        sections = [
+            t for t in (field.annotation, *get_args(field.annotation)) if isinstance(t, type) and issubclass(t, Section)
+        ]
         if sections:
             for section in sections:
                 yield from section_fields(section, f"{path}.")
@@ -48,7 +50,8 @@ def section_fields(cls: type[BaseModel], prefix: str = "") -> Iterator[tuple[str
 def _is_validator(node: ast.AST) -> bool:
     return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
         isinstance(d, ast.Call) and getattr(d.func, "id", getattr(d.func, "attr", None)) in VALIDATORS
-        for d in node.decorator_list)
+        for d in node.decorator_list
+    )
 
 
 def _constant(node: ast.AST | None) -> str | None:
@@ -67,8 +70,11 @@ def reads(tree: ast.AST) -> Iterator[str]:
             yield node.attr
         elif isinstance(node, ast.Subscript) and _constant(node.slice):
             yield _constant(node.slice)
-        elif isinstance(node, ast.Call) and node.args and getattr(
-                node.func, "attr", getattr(node.func, "id", None)) in KEY_CALLS:
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) in KEY_CALLS
+        ):
             yield from filter(None, [_constant(node.args[0]), *map(_constant, node.args[1:2])])
         elif isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)):
             yield from filter(None, map(_constant, node.iter.elts))
@@ -149,13 +155,13 @@ def test_the_walk_finds_a_field_the_job_does_not_read():
 
 
 def test_a_read_in_a_validator_alone_does_not_count():
-    source = '''
+    source = """
 class S(Section):
     @model_validator(mode="after")
     def _check(self):
         return self.only_checked
 def use(cfg):
     return cfg.used, cfg.settings["keyed"], [s[k] for k in ("iterated",)]
-'''
+"""
     assert set(reads(ast.parse(source))) >= {"used", "keyed", "iterated"}
     assert "only_checked" not in set(reads(ast.parse(source)))

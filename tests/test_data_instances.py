@@ -31,7 +31,7 @@ def segments(inst):
     ids = inst.input_ids
     seps = np.flatnonzero(ids == SEP)
     assert ids[0] == CLS and len(seps) == 2 and seps[1] == len(ids) - 1
-    return ids[1:seps[0]], ids[seps[0] + 1:-1]
+    return ids[1 : seps[0]], ids[seps[0] + 1 : -1]
 
 
 def test_layout_lengths_and_segments():
@@ -81,22 +81,23 @@ def test_one_sentence_chunk_is_cut_inside_the_sentence_or_skipped():
     cut = len(a) if inst.sop_label == 0 else len(b)
     assert starts[cut], "cut at a word boundary"
     assert counts["sentences_cut_in_two"] == 1
-    assert create_instances([np.array([300], np.int32)], [np.ones(1, bool)], SPEC, document_rng(0, "x"),
-                            counts) == []
+    assert create_instances([np.array([300], np.int32)], [np.ones(1, bool)], SPEC, document_rng(0, "x"), counts) == []
     assert counts["chunks_skipped_too_short"] == 1
 
 
 def test_long_sentences_are_truncated_to_fit():
     counts = Counter()
     sentences = [np.full(500, 100, np.int32), np.full(300, 101, np.int32)]
-    instances = create_instances(sentences, [np.ones(500, bool), np.ones(300, bool)], SPEC,
-                                 document_rng(0, "long"), counts)
+    instances = create_instances(
+        sentences, [np.ones(500, bool), np.ones(300, bool)], SPEC, document_rng(0, "long"), counts
+    )
     assert all(len(i.input_ids) == SPEC.max_seq_length for i in instances)
     assert counts["tokens_truncated"] > 0
 
 
-@pytest.mark.parametrize("len_a, len_b, budget", [(5, 5, 7), (10, 2, 5), (2, 10, 5), (3, 4, 100), (1, 1, 1 + 1),
-                                                    (9, 8, 6), (1, 500, 5)])
+@pytest.mark.parametrize(
+    "len_a, len_b, budget", [(5, 5, 7), (10, 2, 5), (2, 10, 5), (3, 4, 100), (1, 1, 1 + 1), (9, 8, 6), (1, 500, 5)]
+)
 def test_truncated_lengths_match_googles_loop(len_a, len_b, budget):
     a, b = len_a, len_b
     while a + b > budget:  # google's truncate_seq_pair, one token at a time

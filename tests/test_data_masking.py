@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
+from test_data_support import english_tokenizer, instance_batch  # noqa: F401 - fixture
 
 from albert_dist.config import PrepareMaskingSection
 from albert_dist.data.masking import IGNORE_INDEX, MaskingCollator, batch_rng, pad_ragged
-from test_data_support import english_tokenizer, instance_batch  # noqa: F401 - fixture
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,9 @@ def test_rate_and_80_10_10(english_tokenizer, batch):
     as_mask = (masked_ids[chosen] == english_tokenizer.mask_id).mean()
     unchanged = (masked_ids[chosen] == ids[chosen]).mean()
     assert abs(as_mask - 0.8) < 0.02 and abs(unchanged - 0.1) < 0.02 and abs(1 - as_mask - unchanged - 0.1) < 0.02
-    assert not np.isin(masked_ids[chosen & (masked_ids != english_tokenizer.mask_id)],
-                       list(english_tokenizer.special_ids)).any(), "random replacements are never special"
+    assert not np.isin(
+        masked_ids[chosen & (masked_ids != english_tokenizer.mask_id)], list(english_tokenizer.special_ids)
+    ).any(), "random replacements are never special"
 
 
 def test_never_masks_special_tokens_or_padding(english_tokenizer, batch):
@@ -95,10 +96,11 @@ def test_static_masks_round_trip_through_the_collator(english_tokenizer, stdlib_
     docs = stdlib_corpus.read_text(encoding="utf-8").split("\n\n")[:50]
     batch = instance_batch(english_tokenizer, docs, collator=col)
     out = col(batch, batch_rng(0, 0, 0, 0))
-    for row, (masked, positions, ids) in enumerate(zip(batch["masked_input_ids"], batch["masked_lm_positions"],
-                                                       batch["masked_lm_ids"])):
+    for row, (masked, positions, ids) in enumerate(
+        zip(batch["masked_input_ids"], batch["masked_lm_positions"], batch["masked_lm_ids"])
+    ):
         assert len(positions) >= 1
-        assert out["input_ids"][row, :len(masked)].tolist() == masked.tolist()
+        assert out["input_ids"][row, : len(masked)].tolist() == masked.tolist()
         labels = out["labels"][row].numpy()
         assert labels[positions].tolist() == ids.tolist()
         assert (labels != IGNORE_INDEX).sum() == len(positions)

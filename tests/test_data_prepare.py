@@ -6,20 +6,28 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from test_data_support import chinese_corpus, english_tokenizer  # noqa: F401 - fixtures
 
 from albert_dist.config import DataJobConfig
 from albert_dist.data import MaskingCollator, batch_rng, load_prepared, prepare_dataset
 from albert_dist.errors import DataError
 from albert_dist.train.feed import rank_batches
-from test_data_support import chinese_corpus, english_tokenizer  # noqa: F401 - fixtures
 
 
 def config(tmp_path, inputs, **data):
-    return DataJobConfig.model_validate({
-        "run": {"output_dir": str(tmp_path)},
-        "data": {"inputs": [str(p) for p in inputs], "rows_per_shard": 400, "eval_fraction": 0.05,
-                 "tokenizer_actors": 2, **data},
-        "tokenizer": {"vocab_size": 1000}})
+    return DataJobConfig.model_validate(
+        {
+            "run": {"output_dir": str(tmp_path)},
+            "data": {
+                "inputs": [str(p) for p in inputs],
+                "rows_per_shard": 400,
+                "eval_fraction": 0.05,
+                "tokenizer_actors": 2,
+                **data,
+            },
+            "tokenizer": {"vocab_size": 1000},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +45,11 @@ def test_english_manifest_and_summary(english, english_tokenizer):
     m = data.manifest
     assert m["summary"] == summary
     assert summary["files"] == 1 and summary["documents"] > 500 and summary["sentences"] > 3 * summary["documents"]
-    assert summary["instances"] == summary["train_instances"] + summary["eval_instances"] == \
-        data.train.count() + data.eval.count()
+    assert (
+        summary["instances"]
+        == summary["train_instances"] + summary["eval_instances"]
+        == data.train.count() + data.eval.count()
+    )
     assert 0 < summary["eval_documents"] < 0.1 * summary["documents"]
     assert sum(s["rows"] for s in m["splits"]["train"]["shards"]) == summary["train_instances"]
     assert all(s["rows"] == 400 for s in m["splits"]["train"]["shards"][:-1])
@@ -111,8 +122,12 @@ def test_ray_train_split_is_disjoint_and_covers(english):
     world = 3
     # streaming_split's iterators must be consumed concurrently, as Ray Train's workers do.
     with ThreadPoolExecutor(world) as pool:
-        split = list(pool.map(lambda it: {i for b in it.iter_batches(batch_format="numpy") for i in b["instance_id"]},
-                              data.train.streaming_split(world, equal=False)))
+        split = list(
+            pool.map(
+                lambda it: {i for b in it.iter_batches(batch_format="numpy") for i in b["instance_id"]},
+                data.train.streaming_split(world, equal=False),
+            )
+        )
     assert sum(map(len, split)) == summary["train_instances"]
     assert set().union(*split) == set(range(summary["train_instances"]))
 
@@ -127,10 +142,21 @@ def test_rank_batches_are_disjoint_equal_and_repeatable(english):
     kept, options.preserve_order = options.preserve_order, True  # as the training workers run it
     world, size = 2, 16
     try:
+
         def pieces(rank, seed=1, limit=None, drop_last=True):
-            return [(first, b["instance_id"].tolist()) for first, b in rank_batches(
-                data.train, batch_size=size, rank=rank, world_size=world, seed=seed, shuffle_buffer=64, limit=limit,
-                drop_last=drop_last)]
+            return [
+                (first, b["instance_id"].tolist())
+                for first, b in rank_batches(
+                    data.train,
+                    batch_size=size,
+                    rank=rank,
+                    world_size=world,
+                    seed=seed,
+                    shuffle_buffer=64,
+                    limit=limit,
+                    drop_last=drop_last,
+                )
+            ]
 
         def ids(rank, **kwargs):
             return [batch for _, batch in pieces(rank, **kwargs)]
@@ -204,8 +230,11 @@ def test_bad_input_fails_cleanly_and_keeps_the_old_output(english, ray_session, 
 def test_messy_text_is_counted(ray_session, english_tokenizer, tmp_path):
     corpus = tmp_path / "messy.txt"
     runaway = ("word " * 400_000).encode()  # a 2 MB line without a sentence end (1,000 times max_sentence_chars)
-    corpus.write_bytes(b"Good first. Good second.\n\n   \n\nOnly one sentence here.\n\n" + runaway +
-                       b"\n\nBad \xff bytes. More text.\n")
+    corpus.write_bytes(
+        b"Good first. Good second.\n\n   \n\nOnly one sentence here.\n\n"
+        + runaway
+        + b"\n\nBad \xff bytes. More text.\n"
+    )
     (tmp_path / "empty.txt").write_bytes(b"")
     cfg = config(tmp_path, [corpus, tmp_path / "empty.txt"], eval_fraction=0.0)
     cfg.tokenizer.path = str(english_tokenizer.save(tmp_path / "tok"))
@@ -218,12 +247,29 @@ def test_messy_text_is_counted(ray_session, english_tokenizer, tmp_path):
 def test_the_summary_prints_in_two_lines_with_only_the_counters_that_are_not_zero():
     from albert_dist.data.prepare import format_summary
 
-    summary = {"files": 2, "bytes": 12_345, "documents": 40, "eval_documents": 2, "sentences": 300, "tokens": 9_000,
-               "instances": 120, "train_instances": 114, "eval_instances": 6, "empty_files": 0,
-               "tokens_truncated": 1_234, "replaced_chars": 0, "one_sentence_documents": 3, "seconds": 1.5,
-               "tokens_per_second": 6000.0, "instances_per_second": 80.0}
+    summary = {
+        "files": 2,
+        "bytes": 12_345,
+        "documents": 40,
+        "eval_documents": 2,
+        "sentences": 300,
+        "tokens": 9_000,
+        "instances": 120,
+        "train_instances": 114,
+        "eval_instances": 6,
+        "empty_files": 0,
+        "tokens_truncated": 1_234,
+        "replaced_chars": 0,
+        "one_sentence_documents": 3,
+        "seconds": 1.5,
+        "tokens_per_second": 6000.0,
+        "instances_per_second": 80.0,
+    }
     headline, counters = format_summary(summary).splitlines()
-    assert "2 file(s), 12,345 bytes → 40 documents (2 held out)" in headline and "120 instances (114 train, 6 eval)" \
-        in headline and "6,000 tokens/s" in headline
+    assert (
+        "2 file(s), 12,345 bytes → 40 documents (2 held out)" in headline
+        and "120 instances (114 train, 6 eval)" in headline
+        and "6,000 tokens/s" in headline
+    )
     assert counters == "data: tokens_truncated 1,234, one_sentence_documents 3"
     assert len(format_summary({**summary, "tokens_truncated": 0, "one_sentence_documents": 0}).splitlines()) == 1

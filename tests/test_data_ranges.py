@@ -14,19 +14,40 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_data_support import english_tokenizer  # noqa: F401 - fixture
 
 from albert_dist.config import DataJobConfig
 from albert_dist.data import prepare_dataset
 from albert_dist.data.ranges import _scan, _text_ranges, plan_ranges, read_documents, read_range
 from albert_dist.data.readers import parse_file
 from albert_dist.errors import DataError
-from test_data_support import english_tokenizer  # noqa: F401 - fixture
 
-PIECES = st.sampled_from(["Dr. Smith", " went home.", " 他说：“好。”", "\n", "\n\n", "\r\n", "\r", "\t", "\u3000\n",
-                          "\ufeff", "\u2028", "\x0c\n", " \n", '{"text": "a. b."}\n', '{"text": null}\n',
-                          '{"text": 3}\n', "{\n", "\ufffd"])
-corpus_bytes = st.tuples(st.lists(PIECES, max_size=30).map(lambda parts: "".join(parts).encode("utf-8")),
-                         st.sampled_from([b"", b"\xff", b"\xe4\xb8", b"\n\xe4\xb8\n"])).map(lambda p: p[0] + p[1])
+PIECES = st.sampled_from(
+    [
+        "Dr. Smith",
+        " went home.",
+        " 他说：“好。”",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "\r",
+        "\t",
+        "\u3000\n",
+        "\ufeff",
+        "\u2028",
+        "\x0c\n",
+        " \n",
+        '{"text": "a. b."}\n',
+        '{"text": null}\n',
+        '{"text": 3}\n',
+        "{\n",
+        "\ufffd",
+    ]
+)
+corpus_bytes = st.tuples(
+    st.lists(PIECES, max_size=30).map(lambda parts: "".join(parts).encode("utf-8")),
+    st.sampled_from([b"", b"\xff", b"\xe4\xb8", b"\n\xe4\xb8\n"]),
+).map(lambda p: p[0] + p[1])
 
 
 def outcome(read):
@@ -39,8 +60,9 @@ def outcome(read):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=corpus_bytes, fmt=st.sampled_from(["blocks", "sentences", "lines", "jsonl"]),
-       range_bytes=st.integers(1, 40))
+@given(
+    data=corpus_bytes, fmt=st.sampled_from(["blocks", "sentences", "lines", "jsonl"]), range_bytes=st.integers(1, 40)
+)
 def test_cut_ranges_read_exactly_as_the_whole_file(tmp_path, data, fmt, range_bytes):
     """Whatever the bytes and the cut size: the same documents with the same keys, the same counters and the same
     first error (its line numbered in the file) as the whole file parsed at once."""
@@ -74,8 +96,10 @@ def test_a_gzip_file_is_one_range_read_whole(tmp_path):
 def documents_text(n_docs: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
-    return [" ".join(f"{' '.join(rng.choice(words, int(rng.integers(3, 12))))}." for _ in range(int(k)))
-            for k in rng.integers(2, 9, n_docs)]
+    return [
+        " ".join(f"{' '.join(rng.choice(words, int(rng.integers(3, 12))))}." for _ in range(int(k)))
+        for k in rng.integers(2, 9, n_docs)
+    ]
 
 
 @pytest.fixture
@@ -120,11 +144,21 @@ def test_parquet_is_cut_into_row_spans(ordered, tmp_path):
 
 
 def config(tmp_path, inputs, tokenizer_dir, **data):
-    return DataJobConfig.model_validate({
-        "run": {"output_dir": str(tmp_path)},
-        "data": {"inputs": [str(p) for p in inputs], "rows_per_shard": 300, "eval_fraction": 0.1,
-                 "tokenizer_actors": 2, "max_seq_length": 64, "output": str(tmp_path / "out"), **data},
-        "tokenizer": {"path": str(tokenizer_dir)}})
+    return DataJobConfig.model_validate(
+        {
+            "run": {"output_dir": str(tmp_path)},
+            "data": {
+                "inputs": [str(p) for p in inputs],
+                "rows_per_shard": 300,
+                "eval_fraction": 0.1,
+                "tokenizer_actors": 2,
+                "max_seq_length": 64,
+                "output": str(tmp_path / "out"),
+                **data,
+            },
+            "tokenizer": {"path": str(tokenizer_dir)},
+        }
+    )
 
 
 def test_prepared_data_is_the_same_however_the_files_are_cut(ray_session, english_tokenizer, tmp_path):
@@ -152,8 +186,9 @@ def test_prepared_data_is_the_same_however_the_files_are_cut(ray_session, englis
         results[name] = summary, manifest["splits"], [str(w.message) for w in caught]
     (cut_summary, cut_splits, cut_warnings), (whole_summary, whole_splits, _) = results["cut"], results["whole"]
     timing = ("seconds", "tokens_per_second", "instances_per_second")
-    assert {k: v for k, v in cut_summary.items() if k not in timing} == \
-        {k: v for k, v in whole_summary.items() if k not in timing}
+    assert {k: v for k, v in cut_summary.items() if k not in timing} == {
+        k: v for k, v in whole_summary.items() if k not in timing
+    }
     assert cut_summary["files"] == 3 and cut_summary["replaced_chars"] == 2 and cut_summary["documents"] == 601
     assert cut_splits == whole_splits and cut_splits["train"]["rows"] > 300  # the shards' sha256 are in the splits
     assert not [w for w in cut_warnings if "input(s)" in w]

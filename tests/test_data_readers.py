@@ -30,8 +30,13 @@ def test_formats():
 
 
 def test_format_auto_by_extension():
-    assert [file_format(p, "auto") for p in ("x.jsonl.gz", "x.json", "x.parquet", "x.txt", "x")] == \
-        ["jsonl", "jsonl", "parquet", "blocks", "blocks"]
+    assert [file_format(p, "auto") for p in ("x.jsonl.gz", "x.json", "x.parquet", "x.txt", "x")] == [
+        "jsonl",
+        "jsonl",
+        "parquet",
+        "blocks",
+        "blocks",
+    ]
     assert file_format("x.jsonl", "lines") == "lines"
 
 

@@ -48,8 +48,13 @@ def instance_batch(tokenizer, texts: list[str], max_seq_length: int = 128, **mas
     """Instances of `texts` (one document each) as Ray Data's numpy batches hold them, built without Ray."""
     spec = InstanceSpec(max_seq_length, 0.1, tokenizer.cls_id, tokenizer.sep_id)
     process = DocumentProcessor(tokenizer, ProcessSettings(spec=spec), **masking)
-    table = process({"doc_key": np.array([f"d{i}" for i in range(len(texts))], object),
-                     "text": np.array(texts, object), "presplit": np.zeros(len(texts), bool)})
+    table = process(
+        {
+            "doc_key": np.array([f"d{i}" for i in range(len(texts))], object),
+            "text": np.array(texts, object),
+            "presplit": np.zeros(len(texts), bool),
+        }
+    )
     return {name: _numpy_column(table.column(name)) for name in table.column_names}
 
 
@@ -59,7 +64,7 @@ def _numpy_column(column: pa.ChunkedArray) -> np.ndarray:
     if not pa.types.is_list(array.type):
         return array.to_numpy(zero_copy_only=False)
     offsets = array.offsets.to_numpy()
-    values = array.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    values = array.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
     out = np.empty(len(array), object)
     for i, row in enumerate(np.split(values, offsets[1:-1] - offsets[0])):
         out[i] = row  # element-wise: equal-length rows must not become one 2-D block

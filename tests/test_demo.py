@@ -14,8 +14,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # error- and info-level lines as Ray (C++ `E1130 12:00:00 ... core_worker.cc:…`, Python `ERROR`/`INFO`), Ray Data and
 # Python print them, and warnings
-ERROR_OR_INFO_LINE = re.compile(r"(^|\) )[EI]\d{4} |\b(E|ERROR|INFO|\[I)\b|Warning:|Traceback \(most recent call last\)"
-                                r"|core_worker\.cc")
+ERROR_OR_INFO_LINE = re.compile(
+    r"(^|\) )[EI]\d{4} |\b(E|ERROR|INFO|\[I)\b|Warning:|Traceback \(most recent call last\)"
+    r"|core_worker\.cc"
+)
 
 
 def test_a_second_demo_into_the_same_directory_starts_fresh(tmp_path, capsys):
@@ -46,6 +48,7 @@ def test_the_sentence_order_task_is_balanced_and_true_to_the_corpus(stdlib_corpu
     labels = [row["label"] for row in rows]
     assert labels.count("in_order") == labels.count("swapped") == 600
     assert 0.35 < [row["label"] for row in train].count("in_order") / 200 < 0.65
+
     def pairs(rows):
         return {frozenset((row["text"], row["text_pair"])) for row in rows}
 
@@ -67,9 +70,14 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("MLFLOW_")}
     # the demo's budget, but one sweep trial of two (tests/test_tune.py runs sweeps; this one only shows the stage)
     sets = ["run.output_dir=" + str(tmp_path / "demo"), "sweep_trials=1"]
-    out = subprocess.run([str(Path(sys.executable).parent / "albert-dist"), "demo",
-                          *[a for s in sets for a in ("--set", s)]], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=2400)  # a guard against a hang: CI runs it beside the local cluster
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "albert-dist"), "demo", *[a for s in sets for a in ("--set", s)]],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )  # a guard against a hang: CI runs it beside the local cluster
     log = out.stdout + out.stderr
     assert "\x1b[" not in log, log[-6000:]  # a pipe gets no colour codes (Ray's worker prefixes included)
     (tmp_path / "demo.log").write_text(log)  # for a look after a failure
@@ -79,7 +87,7 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     root = tmp_path / "demo"
     for model in ("demo/model", "demo-finetune/model", "demo-distill/model"):
         assert (root / model / "config.json").is_file() and (root / model / "model.safetensors").is_file()
-    summary = log[log.index("=== albert-dist demo: results ==="):]
+    summary = log[log.index("=== albert-dist demo: results ===") :]
     # every stage learned: above what a model that learned nothing scores (not fixed numbers). Pretraining only
     # just beats the unigram baseline at the demo's budget, and the held-out split (hence the baseline) differs
     # between runs: 0.082/0.037, 0.089/0.049, 0.069/0.055, 0.104/0.057, 0.102/0.061, 0.086/0.055 and 0.104/0.063
@@ -90,8 +98,9 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     # run and fine-tuning pair recorded; the random init itself scored 0.601-0.604 on the balanced 1,000-row dev
     # set (chance 0.5) in the four runs whose figures are recorded. One accuracy on 1,000 rows moves by ~1.6 points
     # (its standard error at 0.5) from the split alone: a 3-point gain is two of those, 5 points above chance three
-    pretrained, random_init = map(float, re.search(
-        r"dev accuracy (\S+) from the pretrained model, (\S+) from a random init", summary).groups())
+    pretrained, random_init = map(
+        float, re.search(r"dev accuracy (\S+) from the pretrained model, (\S+) from a random init", summary).groups()
+    )
     assert pretrained >= random_init + 0.03 and random_init > 0.5 + 0.05, summary
     _, student = map(float, re.search(r"dev accuracy\s+(0\.\d+)\s+(0\.\d+)", summary).groups())
     assert student > 0.5 + 0.1, summary
@@ -105,8 +114,11 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     names = {r.info.run_name for r in runs}
     assert {"demo", "demo-finetune", "demo-finetune-random-init", "demo-distill"} <= names
     # every run finished, but a sweep trial that ASHA stopped early, which is KILLED as Tune stopped it
-    assert all(r.info.status == "FINISHED" or (r.info.status, r.data.tags.get("albert_dist.stop_reason"))
-               == ("KILLED", "early-stopped") for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    assert all(
+        r.info.status == "FINISHED"
+        or (r.info.status, r.data.tags.get("albert_dist.stop_reason")) == ("KILLED", "early-stopped")
+        for r in runs
+    ), [(r.info.run_name, r.info.status) for r in runs]
     # each progress line once (Ray Train's print redirection would send every one twice)
     progress = [line for line in log.splitlines() if re.search(r"\) step \d+/\d+ \|", line)]
     assert progress and len(progress) == len(set(progress)), progress

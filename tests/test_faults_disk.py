@@ -7,30 +7,30 @@ import contextlib
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from process_helpers import fault_unavailable
+from safetensors.torch import load_file
+from test_data_support import english_tokenizer  # noqa: F401 - fixture
+from test_loop import Checkpoints, KeywordTask, settings
 
 from albert_dist.errors import AlbertDistError, CheckpointError, DataError
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
-from albert_dist.train import checkpointing
 from albert_dist.storage import publish_dir
+from albert_dist.train import checkpointing
 from albert_dist.train.loop import Trainer, WorkerEnv
-from test_data_support import english_tokenizer  # noqa: F401 - fixture
-from test_loop import Checkpoints, KeywordTask, settings
 
 
 @contextlib.contextmanager
 def tmpfs(directory: Path, size: str) -> Iterator[Path]:
     """A real tmpfs of `size` (mount's syntax: "2m") mounted at `directory` for the block."""
     directory.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         fault_unavailable(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
     try:
@@ -58,9 +58,16 @@ def fill(disk: Path, leave: int = 0) -> None:
 
 def tiny_classifier(seed: int) -> AlbertForSequenceClassification:
     torch.manual_seed(seed)
-    return AlbertForSequenceClassification(AlbertConfig(vocab_size=60, embedding_size=16, hidden_size=32,
-                                                         num_hidden_layers=2, num_attention_heads=2,
-                                                         intermediate_size=48))
+    return AlbertForSequenceClassification(
+        AlbertConfig(
+            vocab_size=60,
+            embedding_size=16,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=48,
+        )
+    )
 
 
 def assert_same_weights(directory: Path, expected: dict[str, torch.Tensor]) -> None:
@@ -86,8 +93,7 @@ def test_model_written_to_a_full_disk_fails_clearly_and_keeps_the_previous_one(s
     AlbertForSequenceClassification.from_pretrained(target)
 
 
-def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_model(small_disk, tmp_path,
-                                                                                    monkeypatch):
+def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_model(small_disk, tmp_path, monkeypatch):
     """Checkpoints are staged in the temp dir and the best model lives on the small disk. The disk fills up once
     step 8's evaluation is logged: after the best model of step 8 was kept, before that step's checkpoint is staged,
     so the checkpoint is the write that meets the full disk."""
@@ -102,11 +108,15 @@ def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_mo
             fill(small_disk)
             best_when_full.update(load_file(small_disk / "model" / "model.safetensors"))
 
-    env = WorkerEnv(report=saved, publish_to=small_disk, log_metrics=fill_after_the_last_evaluation,
-                    print_fn=lambda line: None)
+    env = WorkerEnv(
+        report=saved, publish_to=small_disk, log_metrics=fill_after_the_last_evaluation, print_fn=lambda line: None
+    )
     trainer = Trainer(KeywordTask(), settings(max_steps=8, log_every=2, eval_every=4, checkpoint_every=4), env)
-    with pytest.raises(AlbertDistError, match=r"^no space left on device while writing the checkpoint of step 8 "
-                                              f"\\({small_disk}/tmp/albert-ckpt-"):
+    with pytest.raises(
+        AlbertDistError,
+        match=r"^no space left on device while writing the checkpoint of step 8 "
+        f"\\({small_disk}/tmp/albert-ckpt-",
+    ):
         trainer.fit()
     assert best_when_full, "the disk was never filled"
     assert [r["step"] for r in saved.reports] == [4]
@@ -117,20 +127,33 @@ def test_training_on_a_full_disk_stops_clearly_and_keeps_checkpoints_and_best_mo
     AlbertForSequenceClassification.from_pretrained(small_disk / "model")
 
 
-def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_dataset(small_disk, tmp_path,
-                                                                                   english_tokenizer,  # noqa: F811
-                                                                                   stdlib_corpus, ray_session):
+def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_dataset(
+    small_disk,
+    tmp_path,
+    english_tokenizer,  # noqa: F811
+    stdlib_corpus,
+    ray_session,
+):
     from albert_dist.config import DataJobConfig
     from albert_dist.data import load_prepared, prepare_dataset
 
     corpus = tmp_path / "small.txt"
     corpus.write_text(stdlib_corpus.read_text()[:60_000])
     tokenizer_dir = english_tokenizer.save(tmp_path / "tokenizer")
-    cfg = DataJobConfig.model_validate({
-        "run": {"output_dir": str(small_disk)},
-        "data": {"inputs": [str(corpus)], "format": "blocks", "output": "prepared", "max_seq_length": 64,
-                 "eval_fraction": 0.1, "tokenizer_actors": 1},
-        "tokenizer": {"path": str(tokenizer_dir)}})
+    cfg = DataJobConfig.model_validate(
+        {
+            "run": {"output_dir": str(small_disk)},
+            "data": {
+                "inputs": [str(corpus)],
+                "format": "blocks",
+                "output": "prepared",
+                "max_seq_length": 64,
+                "eval_fraction": 0.1,
+                "tokenizer_actors": 1,
+            },
+            "tokenizer": {"path": str(tokenizer_dir)},
+        }
+    )
     prepare_dataset(cfg, log=lambda _: None)
     location = small_disk / "prepared"
     before = {p.relative_to(location): p.read_bytes() for p in location.rglob("*") if p.is_file()}

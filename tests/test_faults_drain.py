@@ -71,8 +71,11 @@ def drain(cluster, node, deadline_s: int) -> float:
 
     deadline = time.time() + deadline_s
     accepted, why = ray._raylet.GcsClient(address=cluster.address).drain_node(
-        node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), "spot reclaim",
-        int(deadline * 1000))
+        node.node_id,
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        "spot reclaim",
+        int(deadline * 1000),
+    )
     assert accepted, why
     return deadline
 
@@ -105,14 +108,30 @@ def main(root: Path) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     node = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=True)
-    train = TrainSection(max_steps=MAX_STEPS, warmup_steps=2, log_every=10, eval_every=MAX_STEPS,
-                         checkpoint_every=MAX_STEPS, drain_check_every=1, precision="fp32", optimizer="adamw",
-                         learning_rate=2e-3, max_failures=0, resource_wait_attempts=-1)
+    train = TrainSection(
+        max_steps=MAX_STEPS,
+        warmup_steps=2,
+        log_every=10,
+        eval_every=MAX_STEPS,
+        checkpoint_every=MAX_STEPS,
+        drain_check_every=1,
+        precision="fp32",
+        optimizer="adamw",
+        learning_rate=2e-3,
+        max_failures=0,
+        resource_wait_attempts=-1,
+    )
 
     def fit() -> None:
         try:
-            result = run_training(name="drain", storage_path=root / "ray", task=CountedKeywordTask(str(root)),
-                                  train=train, scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
+            result = run_training(
+                name="drain",
+                storage_path=root / "ray",
+                task=CountedKeywordTask(str(root)),
+                train=train,
+                scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
+                seed=0,
+            )
         except AlbertDistError as err:
             print(f"ERROR {err}", flush=True)
             return
@@ -131,11 +150,16 @@ def main(root: Path) -> None:
 def test_a_drain_notice_checkpoints_before_the_deadline_and_the_run_goes_on(tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="rd-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")}
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]), RAY_TMPDIR=ray_tmp,
-               RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="0.5", RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30")
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+        RAY_TMPDIR=ray_tmp,
+        RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="0.5",
+        RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30",
+    )
     try:
-        run = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env, capture_output=True, text=True,
-                             timeout=600)
+        run = subprocess.run(
+            [sys.executable, __file__, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+        )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     out = run.stdout + run.stderr

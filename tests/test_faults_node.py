@@ -64,8 +64,7 @@ def replace_node_after_first_checkpoint(cluster, node, root: Path, comes_back: b
     workers = train_workers_of(os.getpid())
     cluster.remove_node(node, allow_graceful=False)
     print("node removed", flush=True)
-    print(f"training workers on it: {len(workers)}, not gone within 60 s: {len(wait_until_gone(workers))}",
-          flush=True)
+    print(f"training workers on it: {len(workers)}, not gone within 60 s: {len(wait_until_gone(workers))}", flush=True)
     if comes_back:
         time.sleep(5)
         cluster.add_node(num_cpus=1)
@@ -85,14 +84,29 @@ def main(root: Path, comes_back: bool) -> None:
     node = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=True)
     storage = root / "ray"
-    train = TrainSection(max_steps=MAX_STEPS, warmup_steps=2, log_every=10, eval_every=10, checkpoint_every=10,
-                         precision="fp32", optimizer="adamw", learning_rate=2e-3, max_failures=2,
-                         resource_wait_attempts=-1 if comes_back else 1)
+    train = TrainSection(
+        max_steps=MAX_STEPS,
+        warmup_steps=2,
+        log_every=10,
+        eval_every=10,
+        checkpoint_every=10,
+        precision="fp32",
+        optimizer="adamw",
+        learning_rate=2e-3,
+        max_failures=2,
+        resource_wait_attempts=-1 if comes_back else 1,
+    )
 
     def fit() -> None:
         try:
-            result = run_training(name="node", storage_path=storage, task=HeldKeywordTask(str(root)), train=train,
-                                  scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
+            result = run_training(
+                name="node",
+                storage_path=storage,
+                task=HeldKeywordTask(str(root)),
+                train=train,
+                scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
+                seed=0,
+            )
         except AlbertDistError as err:
             print(f"ERROR {err}", flush=True)
             return
@@ -114,11 +128,19 @@ def test_training_survives_a_removed_node(tmp_path, comes_back):
     # ray.init() on the machine would find it. Short, for the socket paths.
     ray_tmp = tempfile.mkdtemp(prefix="rn-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # not the session's Ray
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]), RAY_TMPDIR=ray_tmp,
-               RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30" if comes_back else "10")
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+        RAY_TMPDIR=ray_tmp,
+        RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30" if comes_back else "10",
+    )
     try:
-        run = subprocess.run([sys.executable, __file__, str(tmp_path), str(comes_back)], env=env,
-                             capture_output=True, text=True, timeout=600)
+        run = subprocess.run(
+            [sys.executable, __file__, str(tmp_path), str(comes_back)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     out = run.stdout + run.stderr

@@ -11,16 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from albert_dist.errors import DataError
-from albert_dist.finetune import data, inference
-from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
-from albert_dist.finetune.distill import PROJECTION_FILE, distill
-from albert_dist.finetune.job import finetune, prepare_task_data
-from albert_dist.finetune.predict import run_predict
-from albert_dist.config import TrainSection
-from albert_dist.tokenizer import train_sentencepiece
-from albert_dist.train.loop import Trainer, WorkerEnv
 from finetune_helpers import (
     KEYWORDS,
     POSITIVE,
@@ -33,8 +23,24 @@ from finetune_helpers import (
     write_jsonl,
 )
 
-FAST_TRAIN = {"precision": "fp32", "learning_rate": 1e-3, "batch_size": 16, "eval_every": 32, "log_every": 16,
-              "checkpoint_every": 1000}
+from albert_dist.config import TrainSection
+from albert_dist.errors import DataError
+from albert_dist.finetune import data, inference
+from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
+from albert_dist.finetune.distill import PROJECTION_FILE, distill
+from albert_dist.finetune.job import finetune, prepare_task_data
+from albert_dist.finetune.predict import run_predict
+from albert_dist.tokenizer import train_sentencepiece
+from albert_dist.train.loop import Trainer, WorkerEnv
+
+FAST_TRAIN = {
+    "precision": "fp32",
+    "learning_rate": 1e-3,
+    "batch_size": 16,
+    "eval_every": 32,
+    "log_every": 16,
+    "checkpoint_every": 1000,
+}
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +108,9 @@ def test_checkpoint_loads_in_transformers_with_same_predictions(classifier, work
 
     theirs = transformers.AlbertForSequenceClassification.from_pretrained(str(classifier.model_dir)).eval()
     ours = AlbertForSequenceClassification.from_pretrained(classifier.model_dir)
-    dev = prepare_task_data(finetune_config(workspace).data, "classification", classifier.model_dir,
-                            label_names=["no", "yes"]).splits["dev"]
+    dev = prepare_task_data(
+        finetune_config(workspace).data, "classification", classifier.model_dir, label_names=["no", "yes"]
+    ).splits["dev"]
     batch = next(data.batches(dev, 64, 8))
     with torch.no_grad():
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -119,8 +126,18 @@ def test_predict_writes_labels_and_probabilities(classifier, workspace, tmp_path
     rows = single_rows(40, seed=3)
     source = write_jsonl(tmp_path / "input.jsonl", [{"id": i, **r} for i, r in enumerate(rows)])
     target = tmp_path / f"out{suffix}"
-    assert run_predict(classifier.model_dir, source, target, text_column="text", batch_size=16,
-                       actor_threshold=threshold, num_actors=1) == 40  # threshold 0: Ray Data actor pool
+    assert (
+        run_predict(
+            classifier.model_dir,
+            source,
+            target,
+            text_column="text",
+            batch_size=16,
+            actor_threshold=threshold,
+            num_actors=1,
+        )
+        == 40
+    )  # threshold 0: Ray Data actor pool
     table = data.read_table(target).to_pydict()
     assert table["id"] == list(range(40)) and table["label"] == [r["label"] for r in rows]  # order, columns kept
     probs = np.array([table["prob_no"], table["prob_yes"]]).T
@@ -148,8 +165,9 @@ def test_unknown_dev_label_fails_before_training(workspace, tmp_path, ray_sessio
         finetune(cfg)
 
 
-def test_a_finetune_interrupted_before_training_ends_its_mlflow_run_failed(workspace, tmp_path, ray_session,
-                                                                          monkeypatch):
+def test_a_finetune_interrupted_before_training_ends_its_mlflow_run_failed(
+    workspace, tmp_path, ray_session, monkeypatch
+):
     from mlflow.tracking import MlflowClient
 
     def interrupted(split):
@@ -167,18 +185,25 @@ def test_a_finetune_interrupted_before_training_ends_its_mlflow_run_failed(works
 
 def distill_config(workspace: Path, classifier, name: str) -> DistillJobConfig:
     """The classifier distilled into a one-layer student on 2 workers."""
-    return DistillJobConfig.model_validate({
-        "run": {"name": name, "output_dir": str(workspace / "runs")},
-        "distill": {"teacher": str(classifier.model_dir), "temperature": 2.0, "alpha": 0.5, "hidden_weight": 0.1,
-                    "speed_repeats": 10},
-        # the teacher's hidden size kept: the student starts from the teacher's shared layer group, applied once
-        "student": {"num_hidden_layers": 1},
-        "data": {"train": str(workspace / "train.csv"), "dev": str(workspace / "dev.jsonl"), "max_seq_length": 32},
-        "finetune": {"epochs": 4},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
-        "train": {**FAST_TRAIN, "batch_size": 16, "learning_rate": 2e-3},
-        "tracking": {"tracking_uri": f"sqlite:///{workspace}/mlflow.db"},
-    })
+    return DistillJobConfig.model_validate(
+        {
+            "run": {"name": name, "output_dir": str(workspace / "runs")},
+            "distill": {
+                "teacher": str(classifier.model_dir),
+                "temperature": 2.0,
+                "alpha": 0.5,
+                "hidden_weight": 0.1,
+                "speed_repeats": 10,
+            },
+            # the teacher's hidden size kept: the student starts from the teacher's shared layer group, applied once
+            "student": {"num_hidden_layers": 1},
+            "data": {"train": str(workspace / "train.csv"), "dev": str(workspace / "dev.jsonl"), "max_seq_length": 32},
+            "finetune": {"epochs": 4},
+            "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+            "train": {**FAST_TRAIN, "batch_size": 16, "learning_rate": 2e-3},
+            "tracking": {"tracking_uri": f"sqlite:///{workspace}/mlflow.db"},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -213,10 +238,13 @@ def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     from albert_dist.model import AlbertForSequenceClassification
 
     teacher = AlbertForSequenceClassification.from_pretrained(classifier.model_dir)
-    cfg = DistillJobConfig.model_validate({"student": {"num_hidden_layers": 1, "hidden_size": 32,
-                                                       "num_attention_heads": 2, "intermediate_size": 64}})
+    cfg = DistillJobConfig.model_validate(
+        {"student": {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}}
+    )
     student = build_student(teacher, cfg)
-    assert torch.equal(student.albert.embeddings.word_embeddings.weight, teacher.albert.embeddings.word_embeddings.weight)
+    assert torch.equal(
+        student.albert.embeddings.word_embeddings.weight, teacher.albert.embeddings.word_embeddings.weight
+    )
     model = DistillationModel(student, teacher, match_hidden=True)
     job_cfg = finetune_config(classifier.model_dir.parents[2])
     task_data = prepare_task_data(job_cfg.data, "classification", classifier.model_dir, label_names=["no", "yes"])
@@ -227,11 +255,19 @@ def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     model.gradient_checkpointing = True  # train.activation_checkpointing: the student's layers are recomputed
     assert student.gradient_checkpointing and not teacher.gradient_checkpointing
     student_task = classification_spec(
-        init_from=str(classifier.model_dir), task_data=task_data, task="classification", finetune=job_cfg.finetune,
-        train=job_cfg.train, data_section=job_cfg.data, per_epoch=1,
-        seed=0, model_overrides={})
-    spec = DistillationSpec(student_task, teacher_dir=str(classifier.model_dir), temperature=2.0, alpha=0.5,
-                            hidden_weight=1.0)
+        init_from=str(classifier.model_dir),
+        task_data=task_data,
+        task="classification",
+        finetune=job_cfg.finetune,
+        train=job_cfg.train,
+        data_section=job_cfg.data,
+        per_epoch=1,
+        seed=0,
+        model_overrides={},
+    )
+    spec = DistillationSpec(
+        student_task, teacher_dir=str(classifier.model_dir), temperature=2.0, alpha=0.5, hidden_weight=1.0
+    )
     task = spec.build(rank=0, world_size=1, dataset=lambda split: None)
     assert isinstance(task, DistillationTask)
     # a distillation step trains the student and runs the teacher forward: FLOPs of both, the teacher's a third
@@ -261,11 +297,20 @@ def in_process_trainer(workspace, rows, task, tmp_path, **data_section) -> Train
     model_dir = workspace / "pretrain_run" / "model"
     task_data = prepare_task_data(section, task, model_dir)
     ft = FinetuneSection(task=task, epochs=5)
-    train, per_epoch = schedule(TrainSection(optimizer="adamw", **FAST_TRAIN, warmup_steps=0), ft,
-                                len(task_data.splits["train"]), 1)
-    spec = classification_spec(init_from=str(model_dir), task_data=task_data, task=task, finetune=ft, train=train,
-                               data_section=section, per_epoch=per_epoch, seed=0,
-                               model_overrides=label_overrides(task, task_data.label_names))
+    train, per_epoch = schedule(
+        TrainSection(optimizer="adamw", **FAST_TRAIN, warmup_steps=0), ft, len(task_data.splits["train"]), 1
+    )
+    spec = classification_spec(
+        init_from=str(model_dir),
+        task_data=task_data,
+        task=task,
+        finetune=ft,
+        train=train,
+        data_section=section,
+        per_epoch=per_epoch,
+        seed=0,
+        model_overrides=label_overrides(task, task_data.label_names),
+    )
     datasets = {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
     task = spec.build(rank=0, world_size=1, dataset=datasets.__getitem__)
     return Trainer(task, train, WorkerEnv(print_fn=lambda _: None))
@@ -281,8 +326,9 @@ def test_regression_reaches_high_correlation(workspace, tmp_path, ray_session):
 @pytest.mark.slow
 def test_pair_classification_learns(workspace, tmp_path, ray_session):
     rows = pair_rows(400, seed=5)
-    metrics = in_process_task(workspace, rows, "classification", tmp_path, text_column="sentence1",
-                              text_pair_column="sentence2")
+    metrics = in_process_task(
+        workspace, rows, "classification", tmp_path, text_column="sentence1", text_pair_column="sentence2"
+    )
     assert metrics["eval_accuracy"] > 0.7
 
 
@@ -291,8 +337,13 @@ def test_length_grouped_batches_pad_less_and_learn_as_well(workspace, tmp_path, 
     """Texts of 3 to 31 words: grouped batches are narrower than random ones, and the dev accuracy is the same
     within noise (the grouped order, drawn from the seed and the epoch only, is also what resume replays)."""
     rng = random.Random(6)
-    rows = [{"text": sentence(rng, [rng.choice(POSITIVE if i % 2 else KEYWORDS[2:])], rng.randint(2, 30)),
-             "label": "yes" if i % 2 else "no"} for i in range(400)]
+    rows = [
+        {
+            "text": sentence(rng, [rng.choice(POSITIVE if i % 2 else KEYWORDS[2:])], rng.randint(2, 30)),
+            "label": "yes" if i % 2 else "no",
+        }
+        for i in range(400)
+    ]
     results = {}
     for grouped in (True, False):
         trainer = in_process_trainer(workspace, rows, "classification", tmp_path, group_by_length=grouped)

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from finetune_helpers import write_csv, write_jsonl
 
 from albert_dist.config import TrainSection, validate_config
 from albert_dist.errors import ConfigError, DataError
@@ -15,7 +16,6 @@ from albert_dist.finetune.distill import distillation_loss, teacher_layer
 from albert_dist.finetune.job import schedule, source_run_id
 from albert_dist.finetune.task import EarlyStopping, global_batches
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
-from finetune_helpers import write_csv, write_jsonl
 
 # ----------------------------------------------------------------------------------------------------- metrics
 
@@ -36,7 +36,7 @@ def test_multiclass_mcc_and_degenerate_cases():
     m = metrics.classification_metrics(confusion)
     s, c = 8, 6
     t, p = np.array([3, 3, 2]), np.array([3, 4, 1])
-    expected = (c * s - (t * p).sum()) / math.sqrt((s ** 2 - (p ** 2).sum()) * (s ** 2 - (t ** 2).sum()))
+    expected = (c * s - (t * p).sum()) / math.sqrt((s**2 - (p**2).sum()) * (s**2 - (t**2).sum()))
     assert m["mcc"] == pytest.approx(expected)
     assert m["accuracy"] == pytest.approx(6 / 8)
     constant = metrics.classification_metrics(metrics.confusion_matrix(np.zeros(4), np.array([0, 0, 1, 1]), 2))
@@ -46,8 +46,8 @@ def test_multiclass_mcc_and_degenerate_cases():
 def test_pearson_and_spearman_with_ties():
     x, y = np.array([1.0, 2.0, 3.0, 4.0]), np.array([2.0, 4.0, 5.0, 9.0])
     dx, dy = x - 2.5, y - 5.0
-    assert metrics.pearson(x, y) == pytest.approx((dx * dy).sum() / math.sqrt((dx ** 2).sum() * (dy ** 2).sum()))
-    assert metrics.spearman(x, y ** 3) == pytest.approx(1.0)
+    assert metrics.pearson(x, y) == pytest.approx((dx * dy).sum() / math.sqrt((dx**2).sum() * (dy**2).sum()))
+    assert metrics.spearman(x, y**3) == pytest.approx(1.0)
     assert list(metrics.average_ranks(np.array([10, 20, 10, 30]))) == [1.5, 3.0, 1.5, 4.0]
     # ranks (1.5, 1.5, 3, 4) vs (1, 2, 3, 4)
     assert metrics.spearman(np.array([1, 1, 2, 3]), x) == pytest.approx(metrics.pearson([1.5, 1.5, 3, 4], [1, 2, 3, 4]))
@@ -58,9 +58,17 @@ def test_pearson_and_spearman_with_ties():
 
 
 def tiny_classifier(groups: int = 2) -> AlbertForSequenceClassification:
-    return AlbertForSequenceClassification(AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16,
-                                                        num_hidden_layers=4, num_hidden_groups=groups,
-                                                        num_attention_heads=2, intermediate_size=16))
+    return AlbertForSequenceClassification(
+        AlbertConfig(
+            vocab_size=50,
+            embedding_size=8,
+            hidden_size=16,
+            num_hidden_layers=4,
+            num_hidden_groups=groups,
+            num_attention_heads=2,
+            intermediate_size=16,
+        )
+    )
 
 
 def test_parameter_to_group_to_scale():
@@ -94,8 +102,12 @@ def test_optimizer_groups_carry_scales_and_freeze():
 
 
 def test_schedule_from_epochs_and_warmup_ratio():
-    train, per_epoch = schedule(TrainSection(batch_size=8, grad_accum_steps=2), FinetuneSection(epochs=3,
-                                warmup_ratio=0.1), num_train=100, num_workers=2)
+    train, per_epoch = schedule(
+        TrainSection(batch_size=8, grad_accum_steps=2),
+        FinetuneSection(epochs=3, warmup_ratio=0.1),
+        num_train=100,
+        num_workers=2,
+    )
     assert per_epoch == 6 and train.max_steps == 9 and train.warmup_steps == 1
     with pytest.raises(ConfigError, match="global batch"):
         schedule(TrainSection(batch_size=64), FinetuneSection(), num_train=100, num_workers=2)
@@ -103,8 +115,9 @@ def test_schedule_from_epochs_and_warmup_ratio():
 
 def test_global_batches_cover_rows_once_across_ranks():
     for drop_last, count in ((False, 23), (True, 23)):
-        seen = [i for rank in range(2) for s in global_batches(count, 4, rank, 2, drop_last)
-                for i in range(s.start, s.stop)]
+        seen = [
+            i for rank in range(2) for s in global_batches(count, 4, rank, 2, drop_last) for i in range(s.start, s.stop)
+        ]
         assert sorted(seen) == list(range(16 if drop_last else 23))
 
 
@@ -164,7 +177,9 @@ def test_seeded_split_and_label_names(tmp_path):
     section = TaskDataSection(train=str(path), dev_fraction=0.2, test_fraction=0.1)
     splits = data.load_splits(section)
     assert [len(splits[k].texts) for k in ("train", "dev", "test")] == [35, 10, 5]
-    assert sorted(splits["train"].texts + splits["dev"].texts + splits["test"].texts) == sorted(r["text"] for r in rows(50))
+    assert sorted(splits["train"].texts + splits["dev"].texts + splits["test"].texts) == sorted(
+        r["text"] for r in rows(50)
+    )
     assert data.load_splits(section)["dev"].texts == splits["dev"].texts  # seeded
     assert data.label_names(splits["train"], None) == ["no", "yes"]
     numeric = data.Split("x", ["a"] * 3, None, [10, 2, 1])
@@ -179,8 +194,9 @@ def test_reads_every_format(tmp_path):
     pq.write_table(table, tmp_path / "d.parquet")
     write_jsonl(tmp_path / "d.jsonl", rows(6))
     write_csv(tmp_path / "d.csv", rows(6))
-    (tmp_path / "d.tsv").write_text("text\tother\tlabel\n" + "".join(f'{r["text"]} "q\tx\t{r["label"]}\n'
-                                                                     for r in rows(6)))
+    (tmp_path / "d.tsv").write_text(
+        "text\tother\tlabel\n" + "".join(f'{r["text"]} "q\tx\t{r["label"]}\n' for r in rows(6))
+    )
     for name in ("d.parquet", "d.jsonl", "d.csv", "d.tsv"):
         split = data.read_split(str(tmp_path / name), TaskDataSection(), "label")
         assert split.labels == [r["label"] for r in rows(6)], name
@@ -202,8 +218,9 @@ def test_bad_input_errors_name_file_and_column(tmp_path):
         data.read_table(tmp_path / "header.csv")
     with pytest.raises(DataError, match=r"not found.*missing\.csv"):
         data.read_table(tmp_path / "missing.csv")
-    dev = data.read_split(str(write_csv(tmp_path / "dev.csv", [{"text": "a", "label": "maybe"}])),
-                          TaskDataSection(), "label")
+    dev = data.read_split(
+        str(write_csv(tmp_path / "dev.csv", [{"text": "a", "label": "maybe"}])), TaskDataSection(), "label"
+    )
     with pytest.raises(DataError, match=r"dev\.csv.*unknown label 'maybe'.*'label'"):
         data.label_ids(dev, "label", "classification", {"no": 0, "yes": 1})
     with pytest.raises(DataError, match=r"dev\.csv.*'label'.*'maybe'.*not a number"):
@@ -213,8 +230,13 @@ def test_bad_input_errors_name_file_and_column(tmp_path):
 
 
 def test_collate_pads_to_multiple_of_eight():
-    arrays = {"input_ids": np.arange(40, dtype=np.int32).reshape(2, 20), "token_type_ids": np.zeros((2, 20), np.int8),
-              "length": np.array([5, 9], np.int32), "label": np.array([0, 1]), "row": np.array([0, 1])}
+    arrays = {
+        "input_ids": np.arange(40, dtype=np.int32).reshape(2, 20),
+        "token_type_ids": np.zeros((2, 20), np.int8),
+        "length": np.array([5, 9], np.int32),
+        "label": np.array([0, 1]),
+        "row": np.array([0, 1]),
+    }
     batch = data.collate(arrays, 8)
     assert batch["input_ids"].shape == (2, 16)
     assert batch["attention_mask"].sum(1).tolist() == [5, 9]

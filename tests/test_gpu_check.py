@@ -41,8 +41,10 @@ def test_the_check_asked_for_cuda_refuses_without_it():
 
 
 def test_the_check_imports_nothing_a_bare_gpu_image_lacks():
-    probe = ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_check, bench_model; "
-             "print(sorted({'ray', 'mlflow', 'optuna', 'jieba'} & {m.split('.')[0] for m in sys.modules}))")
+    probe = (
+        "import sys; sys.path.insert(0, 'benchmarks'); import gpu_check, bench_model; "
+        "print(sorted({'ray', 'mlflow', 'optuna', 'jieba'} & {m.split('.')[0] for m in sys.modules}))"
+    )
     done = run(sys.executable, "-c", probe, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"

@@ -20,13 +20,23 @@ from albert_dist.train.loop import Trainer, WorkerEnv
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from gpu_check import TINY, ClassifyTask, PretrainingBatchesTask  # the GPU check's own tasks
 
+
 def settings(**kw):
-    base = dict(max_steps=6, warmup_steps=1, learning_rate=1e-3, optimizer="adamw", log_every=3, eval_every=6,
-                checkpoint_every=6, precision="fp32")
+    base = dict(
+        max_steps=6,
+        warmup_steps=1,
+        learning_rate=1e-3,
+        optimizer="adamw",
+        log_every=3,
+        eval_every=6,
+        checkpoint_every=6,
+        precision="fp32",
+    )
     return TrainSection(**{**base, **kw})
 
 
 # ------------------------------------------------------------------------------------------------ generators
+
 
 class FakeCudaGenerators:
     """torch.cuda's generator functions over a state per device, for a CPU-only torch."""
@@ -77,12 +87,14 @@ def test_deterministic_requests_deterministic_kernels(monkeypatch):
         Trainer(ClassifyTask(), settings(deterministic=True), WorkerEnv())
         assert torch.are_deterministic_algorithms_enabled()
         import os
+
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:
         torch.use_deterministic_algorithms(before)
 
 
 # ------------------------------------------------------------------------------------------ host reads
+
 
 class HostReads(TorchDispatchMode):
     """Records every op that hands a tensor's value to the host: `.item()`, `bool()`, `float()`, `int()` all end
@@ -103,9 +115,15 @@ def _caller() -> str:
     return " < ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(frames[-4:]))
 
 
-@pytest.mark.parametrize("task_class, precision, optimizer", [
-    (ClassifyTask, "fp32", "adamw"), (ClassifyTask, "fp16", "lamb"),
-    (PretrainingBatchesTask, "bf16", "lamb"), (PretrainingBatchesTask, "fp16", "adamw")])
+@pytest.mark.parametrize(
+    "task_class, precision, optimizer",
+    [
+        (ClassifyTask, "fp32", "adamw"),
+        (ClassifyTask, "fp16", "lamb"),
+        (PretrainingBatchesTask, "bf16", "lamb"),
+        (PretrainingBatchesTask, "fp16", "adamw"),
+    ],
+)
 def test_training_steps_read_nothing_back_from_the_device(monkeypatch, task_class, precision, optimizer):
     """Between log intervals the host never waits for the device: no scalar read, no `.tolist()`/`.numpy()`/
     `.cpu()` in the step, the model's forward, the loss, the optimizer or the GradScaler. (fp16 + GradScaler is for
@@ -122,8 +140,7 @@ def test_training_steps_read_nothing_back_from_the_device(monkeypatch, task_clas
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    trainer = Trainer(task_class(), settings(precision=precision, optimizer=optimizer, max_grad_norm=1.0),
-                      WorkerEnv())
+    trainer = Trainer(task_class(), settings(precision=precision, optimizer=optimizer, max_grad_norm=1.0), WorkerEnv())
     steps = 0
     train_step = trainer._train_step
 
@@ -146,16 +163,22 @@ def test_training_steps_read_nothing_back_from_the_device(monkeypatch, task_clas
 
 # -------------------------------------------------------------------------------------------- devices
 
+
 def test_packed_batches_and_the_model_stay_on_the_device():
     """meta stands in for a GPU: a tensor made on the CPU meeting the device's tensors raises, as on CUDA (a 0-dim
     CPU tensor excepted, there as here)."""
     meta = torch.device("meta")
     batch = {k: v.to(meta) for k, v in PretrainingBatchesTask().batches[0].items()}
     model = AlbertForPreTraining(AlbertConfig(**TINY)).to(meta)
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"], sentence_order_label=batch["sentence_order_label"],
-                position_ids=batch["position_ids"], sequence_ids=batch["sequence_ids"],
-                cls_positions=batch["cls_positions"])
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        token_type_ids=batch["token_type_ids"],
+        sentence_order_label=batch["sentence_order_label"],
+        position_ids=batch["position_ids"],
+        sequence_ids=batch["sequence_ids"],
+        cls_positions=batch["cls_positions"],
+    )
     out.loss.backward()
     assert out.sop_logits.device == meta and all(p.grad.device == meta for p in model.sop_classifier.parameters())
 
@@ -167,16 +190,27 @@ def test_step_optimizer_and_restored_checkpoint_stay_on_the_device(tmp_path, opt
     step's statistics and counters all live there. meta also has no values, so any read back to the host in the
     step raises."""
     written = tmp_path / "ckpt"
-    Trainer(ClassifyTask(), settings(optimizer=optimizer, max_steps=2, checkpoint_every=2),
-            WorkerEnv(report=lambda metrics, d: d and shutil.copytree(d, written))).fit()
+    Trainer(
+        ClassifyTask(),
+        settings(optimizer=optimizer, max_steps=2, checkpoint_every=2),
+        WorkerEnv(report=lambda metrics, d: d and shutil.copytree(d, written)),
+    ).fit()
     meta = torch.device("meta")
     trainer = Trainer(ClassifyTask(), settings(optimizer=optimizer), WorkerEnv(device=meta, resume_dir=written))
     assert trainer.position.step == 2
     window = {}
     trainer._train_step(iter(trainer.task.batches), window)
     trainer._train_step(iter(trainer.task.batches), window)
-    tensors = [*trainer.model.parameters(), trainer.nonfinite_run, trainer.nonfinite_longest,
-               *(t for state in trainer.optimizer.state.values() for t in state.values()
-                 if isinstance(t, torch.Tensor) and t.dim())]
+    tensors = [
+        *trainer.model.parameters(),
+        trainer.nonfinite_run,
+        trainer.nonfinite_longest,
+        *(
+            t
+            for state in trainer.optimizer.state.values()
+            for t in state.values()
+            if isinstance(t, torch.Tensor) and t.dim()
+        ),
+    ]
     assert {t.device for t in tensors} == {meta}
     assert {v.device for v in window.values() if isinstance(v, torch.Tensor)} == {meta}

@@ -8,8 +8,10 @@ from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 
 
 def padded_tokens(lengths: np.ndarray, order: np.ndarray, batch_size: int) -> int:
-    return sum(int(lengths[order[i:i + batch_size]].max()) * len(order[i:i + batch_size])
-               for i in range(0, len(order), batch_size))
+    return sum(
+        int(lengths[order[i : i + batch_size]].max()) * len(order[i : i + batch_size])
+        for i in range(0, len(order), batch_size)
+    )
 
 
 def test_grouped_order_is_a_seeded_permutation_of_batches_of_similar_length():
@@ -22,7 +24,7 @@ def test_grouped_order_is_a_seeded_permutation_of_batches_of_similar_length():
     random_order = np.random.default_rng(0).permutation(1000)
     assert padded_tokens(lengths, order, 16) < 0.7 * padded_tokens(lengths, random_order, 16)
     # batches are shuffled: the widths of the full batches do not simply decrease through the epoch
-    widths = [lengths[order[i:i + 16]].max() for i in range(0, 992, 16)]
+    widths = [lengths[order[i : i + 16]].max() for i in range(0, 992, 16)]
     assert widths != sorted(widths, reverse=True)
 
 
@@ -31,7 +33,7 @@ def test_mega_batches_keep_the_order_random_beyond_their_size():
     order = data.length_grouped_order(lengths, 4, np.random.default_rng(1), bucket=1)  # mega-batches of 200 rows
     first = order[:4]
     assert lengths[first].max() - lengths[first].min() < 200  # one batch from one mega-batch
-    batch_maxima = [lengths[order[i:i + 4]].max() for i in range(0, 2000, 4)]
+    batch_maxima = [lengths[order[i : i + 4]].max() for i in range(0, 2000, 4)]
     assert max(batch_maxima) == 1999 and batch_maxima.index(1999) > 0
 
 
@@ -54,14 +56,24 @@ def test_small_splits_get_at_least_four_mega_batches():
 
 def test_sorted_prediction_restores_row_order():
     torch.manual_seed(0)
-    model = AlbertForSequenceClassification(AlbertConfig(
-        vocab_size=40, embedding_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=32, num_labels=3))
+    model = AlbertForSequenceClassification(
+        AlbertConfig(
+            vocab_size=40,
+            embedding_size=8,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
+            num_labels=3,
+        )
+    )
     rng = np.random.default_rng(0)
     lengths = rng.integers(2, 32, 37).astype(np.int32)
     ids = np.where(np.arange(32) < lengths[:, None], rng.integers(5, 40, (37, 32)), 0).astype(np.int32)
-    encoded = data.EncodedSplit({"input_ids": ids, "token_type_ids": np.zeros_like(ids, dtype=np.int8),
-                                 "length": lengths})
+    encoded = data.EncodedSplit(
+        {"input_ids": ids, "token_type_ids": np.zeros_like(ids, dtype=np.int8), "length": lengths}
+    )
     in_row_order = inference.predict_logits(model, data.batches(encoded, 8, 8))
     sorted_then_restored = inference.split_logits(model, encoded, batch_size=8)
     np.testing.assert_allclose(sorted_then_restored, in_row_order, rtol=1e-4, atol=1e-5)

@@ -12,9 +12,9 @@ import pytest
 
 from albert_dist import jobs_client
 from albert_dist.cli import build_parser
-from albert_dist.job_registry import JOBS, Command, Job
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 from albert_dist.errors import AlbertDistError, ConfigError
+from albert_dist.job_registry import JOBS, Command, Job
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "jobs" / "configs"
@@ -54,8 +54,10 @@ def test_config_validates(path, monkeypatch):
 
 
 def test_pretraining_presets_build_their_models():
-    sizes = {stem: load_config(PretrainJobConfig, CONFIGS / f"{stem}.yaml").model.build(vocab_size=30000)
-             for stem in ("pretrain_tiny", "pretrain_base", "pretrain_large")}
+    sizes = {
+        stem: load_config(PretrainJobConfig, CONFIGS / f"{stem}.yaml").model.build(vocab_size=30000)
+        for stem in ("pretrain_tiny", "pretrain_base", "pretrain_large")
+    }
     assert [sizes[s].hidden_size for s in ("pretrain_tiny", "pretrain_base", "pretrain_large")] == [312, 768, 1024]
     prepare = load_config(DataJobConfig, CONFIGS / "prepare_data.yaml")
     for stem in sizes:  # pretraining reads what prepare_data writes
@@ -65,8 +67,9 @@ def test_pretraining_presets_build_their_models():
 
 @pytest.mark.parametrize("job", JOBS.values(), ids=lambda job: job.name)
 def test_entry_point_help(job):
-    out = subprocess.run([sys.executable, "-m", *job.entry, "--help"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", *job.entry, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "--config" in out.stdout and "--set" in out.stdout and job.help in " ".join(out.stdout.split())
 
@@ -83,8 +86,11 @@ def test_every_registered_job_has_its_entry_module_cli_command_and_submit_entryp
     declaration = job.load()
     assert callable(declaration.main) and declaration.config_class is job.config_class()
     with pytest.MonkeyPatch.context() as patch:  # the job itself is not run
-        patch.setattr(Job, "load", lambda self: Command(declaration.config_class,
-                                                        lambda cfg: called.update(job=self, cfg=cfg) or 0))
+        patch.setattr(
+            Job,
+            "load",
+            lambda self: Command(declaration.config_class, lambda cfg: called.update(job=self, cfg=cfg) or 0),
+        )
         assert args.handler(args) == 0
     assert called["job"] is job and type(called["cfg"]) is declaration.config_class
     assert called["cfg"].run.output_dir == "elsewhere"
@@ -102,8 +108,21 @@ def test_an_unknown_job_is_refused_naming_the_registered_ones(capsys):
 
 
 def test_entry_point_reports_config_errors_in_one_line():
-    out = subprocess.run([sys.executable, "-m", "jobs.pretrain", "--config", "jobs/configs/pretrain_tiny.yaml",
-                          "--set", "train.max_steps=-1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.pretrain",
+            "--config",
+            "jobs/configs/pretrain_tiny.yaml",
+            "--set",
+            "train.max_steps=-1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "train.max_steps" in out.stderr and "Traceback" not in out.stderr
 
@@ -125,35 +144,49 @@ def test_relative_outputs_inside_a_ray_job_need_an_output_root(monkeypatch):
 
 
 def test_runtime_env_sends_the_checkout_and_no_secret():
-    env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "MLFLOW_TRACKING_USERNAME": "admin",
-           "MLFLOW_TRACKING_PASSWORD": "pw-123", "MLFLOW_TRACKING_TOKEN": "tok-456", "RAY_AUTH_TOKEN": "ray-789",
-           "AWS_SECRET_ACCESS_KEY": "aws-000", "HOME": "/root"}
+    env = {
+        "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+        "MLFLOW_TRACKING_USERNAME": "admin",
+        "MLFLOW_TRACKING_PASSWORD": "pw-123",
+        "MLFLOW_TRACKING_TOKEN": "tok-456",
+        "RAY_AUTH_TOKEN": "ray-789",
+        "AWS_SECRET_ACCESS_KEY": "aws-000",
+        "HOME": "/root",
+    }
     runtime = jobs_client.runtime_env("/mnt/shared/out", REPO, env)
     assert runtime["working_dir"] == str(REPO)
-    assert runtime["env_vars"] == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
-                                   "ALBERT_DIST_HOME": "/mnt/shared/out", "PYTHONUNBUFFERED": "1",
-                                   "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
-    assert jobs_client.withheld_secrets(env) == ["MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
-                                                 "MLFLOW_TRACKING_USERNAME"]
+    assert runtime["env_vars"] == {
+        "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+        "ALBERT_DIST_HOME": "/mnt/shared/out",
+        "PYTHONUNBUFFERED": "1",
+        "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    }
+    assert jobs_client.withheld_secrets(env) == [
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_TRACKING_TOKEN",
+        "MLFLOW_TRACKING_USERNAME",
+    ]
 
 
 def test_auth_header_from_token_or_token_file(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
-    assert jobs_client.auth_headers({"RAY_AUTH_TOKEN_PATH": str(token_file)}) == {
-        "Authorization": "Bearer file-token"}
+    assert jobs_client.auth_headers({"RAY_AUTH_TOKEN_PATH": str(token_file)}) == {"Authorization": "Bearer file-token"}
     assert jobs_client.auth_headers({"RAY_AUTH_TOKEN": "env-token", "RAY_AUTH_TOKEN_PATH": str(token_file)}) == {
-        "Authorization": "Bearer env-token"}
+        "Authorization": "Bearer env-token"
+    }
     assert jobs_client.auth_headers({}) == {}
     with pytest.raises(AlbertDistError, match="RAY_AUTH_TOKEN_PATH"):
         jobs_client.auth_headers({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")})
 
 
 def test_entrypoint_names_the_config_inside_the_checkout(tmp_path):
-    command = jobs_client.entrypoint("pretrain", str(CONFIGS / "pretrain_tiny.yaml"), ["train.max_steps=5",
-                                                                                      "run.name=a b"])
-    assert command == ("python -m jobs.pretrain --config jobs/configs/pretrain_tiny.yaml "
-                       "--set train.max_steps=5 --set 'run.name=a b'")
+    command = jobs_client.entrypoint(
+        "pretrain", str(CONFIGS / "pretrain_tiny.yaml"), ["train.max_steps=5", "run.name=a b"]
+    )
+    assert command == (
+        "python -m jobs.pretrain --config jobs/configs/pretrain_tiny.yaml --set train.max_steps=5 --set 'run.name=a b'"
+    )
     outside = tmp_path / "mine.yaml"
     outside.write_text("run: {name: x}\n")
     with pytest.raises(AlbertDistError, match="outside the checkout"):
@@ -161,8 +194,9 @@ def test_entrypoint_names_the_config_inside_the_checkout(tmp_path):
 
 
 def test_tune_entry_point_names_its_sweeps():
-    out = subprocess.run([sys.executable, "-m", "jobs.tune", "--config", "x.yaml"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "jobs.tune", "--config", "x.yaml"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode != 0 and "{finetune,distill}" in out.stderr
     assert jobs_client.entrypoint("tune-distill", None, []) == "python -m jobs.tune distill"
 
@@ -179,10 +213,28 @@ def test_submit_needs_an_absolute_output_root():
 def test_cli_registers_submit_and_jobs():
     from albert_dist.cli import build_parser
 
-    args = build_parser().parse_args(["submit", "pretrain", "--config", "c.yaml", "--set", "a.b=1", "--follow",
-                                      "--address", "http://127.0.0.1:8265", "--name", "n1"])
-    assert (args.job, args.config, args.overrides, args.follow, args.name) == ("pretrain", "c.yaml", ["a.b=1"],
-                                                                              True, "n1")
+    args = build_parser().parse_args(
+        [
+            "submit",
+            "pretrain",
+            "--config",
+            "c.yaml",
+            "--set",
+            "a.b=1",
+            "--follow",
+            "--address",
+            "http://127.0.0.1:8265",
+            "--name",
+            "n1",
+        ]
+    )
+    assert (args.job, args.config, args.overrides, args.follow, args.name) == (
+        "pretrain",
+        "c.yaml",
+        ["a.b=1"],
+        True,
+        "n1",
+    )
     for action in (["list"], ["status", "x"], ["stop", "x"], ["logs", "x", "--follow"]):
         assert build_parser().parse_args(["jobs", *action]).handler
     assert importlib.import_module("jobs._entry").main
@@ -210,7 +262,8 @@ def test_a_name_that_already_ran_is_submitted_as_the_next_attempt(capsys):
     assert jobs_client.unused_submission_id(ended, "pretrain-1") == "pretrain-1-3"
     assert "submitting this attempt as pretrain-1-3" in capsys.readouterr().out
     with pytest.raises(AlbertDistError, match="pretrain-1-2 is still RUNNING: stop it first"):
-        jobs_client.unused_submission_id(RecordedJobs({"pretrain-1": "STOPPED", "pretrain-1-2": "RUNNING"}),
-                                         "pretrain-1")
+        jobs_client.unused_submission_id(
+            RecordedJobs({"pretrain-1": "STOPPED", "pretrain-1-2": "RUNNING"}), "pretrain-1"
+        )
     with pytest.raises(RuntimeError, match="500"):  # a dashboard error is not taken for "no such job"
         jobs_client.unused_submission_id(RecordedJobs({}, failure="500: internal error"), "x")

@@ -27,9 +27,18 @@ class KeywordTask(TrainingTask):
         self.calls = 0
 
     def build_model(self):
-        return AlbertForSequenceClassification(AlbertConfig(
-            vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, num_labels=2, classifier_dropout_prob=0.1))
+        return AlbertForSequenceClassification(
+            AlbertConfig(
+                vocab_size=50,
+                embedding_size=16,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                num_labels=2,
+                classifier_dropout_prob=0.1,
+            )
+        )
 
     def loss(self, model, batch):
         self.calls += 1
@@ -40,16 +49,22 @@ class KeywordTask(TrainingTask):
         if self.calls in self.overflow_at:
             loss = loss * 1e38  # finite in fp32; its gradients overflow once the GradScaler multiplies them
         n = torch.tensor(float(len(batch["labels"])))
-        return loss, {"loss_sum": out.loss.detach() * n, "n": n,
-                      "correct": (out.logits.argmax(-1) == batch["labels"]).sum()}
+        return loss, {
+            "loss_sum": out.loss.detach() * n,
+            "n": n,
+            "correct": (out.logits.argmax(-1) == batch["labels"]).sum(),
+        }
 
     def summarize(self, s):
         return {"loss": s["loss_sum"] / s["n"], "accuracy": s["correct"] / s["n"]}
 
     def _rows(self, lo, hi, size):
         for i in range(lo, hi, size):
-            yield {"input_ids": self.x[i:i + size], "attention_mask": torch.ones(size, 16, dtype=torch.long),
-                   "labels": self.y[i:i + size]}
+            yield {
+                "input_ids": self.x[i : i + size],
+                "attention_mask": torch.ones(size, 16, dtype=torch.long),
+                "labels": self.y[i : i + size],
+            }
 
     def train_batches(self, epoch, phase=0):
         return self._rows(0, 224, 16)
@@ -62,8 +77,16 @@ class KeywordTask(TrainingTask):
 
 
 def settings(**kw):
-    base = dict(max_steps=40, warmup_steps=4, learning_rate=2e-3, optimizer="adamw", log_every=10, eval_every=20,
-                checkpoint_every=20, precision="fp32")
+    base = dict(
+        max_steps=40,
+        warmup_steps=4,
+        learning_rate=2e-3,
+        optimizer="adamw",
+        log_every=10,
+        eval_every=20,
+        checkpoint_every=20,
+        precision="fp32",
+    )
     return TrainSection(**{**base, **kw})
 
 
@@ -98,8 +121,9 @@ def test_compiled_model_trains_and_saves_plain_weights(tmp_path):
     run learns as the eager one does, and checkpoints and the best model hold the plain module's weights."""
     from safetensors.torch import load_file
 
-    trainer = Trainer(KeywordTask(), settings(compile=True), WorkerEnv(report=Checkpoints(tmp_path),
-                                                                        publish_to=tmp_path))
+    trainer = Trainer(
+        KeywordTask(), settings(compile=True), WorkerEnv(report=Checkpoints(tmp_path), publish_to=tmp_path)
+    )
     assert isinstance(trainer.wrapped, torch._dynamo.eval_frame.OptimizedModule)
     result = trainer.fit()
     assert result["status"] == "completed" and result["eval_accuracy"] >= 0.85
@@ -114,8 +138,9 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, precision):
     saved = Checkpoints(tmp_path)
     full = Trainer(KeywordTask(), settings(precision=precision), WorkerEnv(report=saved))
     full.fit()
-    resumed = Trainer(KeywordTask(), settings(precision=precision),
-                      WorkerEnv(resume_dir=tmp_path / "step20", print_fn=lambda s: None))
+    resumed = Trainer(
+        KeywordTask(), settings(precision=precision), WorkerEnv(resume_dir=tmp_path / "step20", print_fn=lambda s: None)
+    )
     assert resumed.position.step == 20 and resumed.position.batch_in_epoch > 0
     resumed.fit()
     for (name, a), b in zip(weights(full).items(), weights(resumed).values()):
@@ -170,8 +195,11 @@ def test_phases_switch_batches_at_their_boundary_and_resume_exactly_across_it(tm
     saved = Checkpoints(tmp_path)
     lines = []
     full_task = PhasedTask()
-    full = Trainer(full_task, settings(max_steps=24, eval_every=8, checkpoint_every=8),
-                   WorkerEnv(report=saved, print_fn=lines.append))
+    full = Trainer(
+        full_task,
+        settings(max_steps=24, eval_every=8, checkpoint_every=8),
+        WorkerEnv(report=saved, print_fn=lines.append),
+    )
     full.fit()
     # phase 1: 12 batches of 8 x 8 (224 rows give 28 a pass, so one epoch); phase 2 starts its own epoch 0
     assert full_task.shapes[:12] == [(0, 0, 8, 8)] * 12 and full_task.shapes[12:] == [(1, 0, 16, 16)] * 12
@@ -179,11 +207,14 @@ def test_phases_switch_batches_at_their_boundary_and_resume_exactly_across_it(tm
     # the checkpoint of step 8 resumes in phase 1 and crosses the boundary; the one of step 16 resumes in phase 2
     for step, phase_then in ((8, 0), (16, 1)):
         task = PhasedTask()
-        resumed = Trainer(task, settings(max_steps=24, eval_every=8, checkpoint_every=8),
-                          WorkerEnv(resume_dir=tmp_path / f"step{step}", print_fn=lambda s: None))
+        resumed = Trainer(
+            task,
+            settings(max_steps=24, eval_every=8, checkpoint_every=8),
+            WorkerEnv(resume_dir=tmp_path / f"step{step}", print_fn=lambda s: None),
+        )
         assert (resumed.position.step, resumed.position.phase) == (step, phase_then)
         resumed.fit()
-        assert task.shapes[-(24 - step):] == full_task.shapes[step:]  # after the batches it skipped
+        assert task.shapes[-(24 - step) :] == full_task.shapes[step:]  # after the batches it skipped
         for (name, a), b in zip(weights(full).items(), weights(resumed).values()):
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"resumed at {step}: {name}")
 
@@ -194,8 +225,9 @@ def test_phases_must_end_at_max_steps():
 
 
 def test_gradient_accumulation_counts_micro_batches(tmp_path):
-    trainer = Trainer(KeywordTask(), settings(grad_accum_steps=2, max_steps=10, eval_every=10, checkpoint_every=10),
-                      WorkerEnv())
+    trainer = Trainer(
+        KeywordTask(), settings(grad_accum_steps=2, max_steps=10, eval_every=10, checkpoint_every=10), WorkerEnv()
+    )
     result = trainer.fit()
     # 10 steps x 2 micro-batches of 16 = 320 samples: one full epoch (14 batches) and 6 of the next
     assert (trainer.position.epoch, trainer.position.batch_in_epoch) == (1, 6)
@@ -204,8 +236,9 @@ def test_gradient_accumulation_counts_micro_batches(tmp_path):
 
 def test_persistent_nan_stops_with_a_message(tmp_path):
     messages = []
-    result = Trainer(KeywordTask(poison_from_step=5), settings(max_nonfinite_steps=3),
-                     WorkerEnv(print_fn=messages.append)).fit()
+    result = Trainer(
+        KeywordTask(poison_from_step=5), settings(max_nonfinite_steps=3), WorkerEnv(print_fn=messages.append)
+    ).fit()
     # non-finite from step 6; the device's count is read at the log interval (step 10), after 5 such steps
     assert result["status"] == "diverged" and result["step"] == 10
     assert "not finite for 5 consecutive steps" in result["message"]
@@ -218,8 +251,11 @@ def test_fp16_overflow_is_skipped_by_the_grad_scaler(monkeypatch):
 
     monkeypatch.setattr(loop.precision, "resolve_precision", lambda requested, device: requested)
     reports = []
-    trainer = Trainer(KeywordTask(overflow_at=frozenset({12, 13})), settings(precision="fp16", max_nonfinite_steps=3),
-                      WorkerEnv(report=lambda metrics, checkpoint: reports.append(metrics)))
+    trainer = Trainer(
+        KeywordTask(overflow_at=frozenset({12, 13})),
+        settings(precision="fp16", max_nonfinite_steps=3),
+        WorkerEnv(report=lambda metrics, checkpoint: reports.append(metrics)),
+    )
     assert trainer.scaler is not None
     initial_scale = trainer.scaler.get_scale()
     result = trainer.fit()
@@ -271,20 +307,43 @@ def test_resume_takes_the_newest_checkpoint_that_verifies(tmp_path):
 
 
 def test_fingerprint_keeps_what_decides_the_training_and_names_its_changes():
-    settings = {"train.learning_rate": 1e-3, "train.max_steps": 100, "model.hidden_size": 64, "run.seed": 0,
-                "train.log_every": 10, "train.checkpoint_every": 50, "tracking.experiment": "x",
-                "scaling.cpus_per_worker": 0.5, "scaling.num_workers": 2, "data.cache": "auto", "run.name": "a"}
+    settings = {
+        "train.learning_rate": 1e-3,
+        "train.max_steps": 100,
+        "model.hidden_size": 64,
+        "run.seed": 0,
+        "train.log_every": 10,
+        "train.checkpoint_every": 50,
+        "tracking.experiment": "x",
+        "scaling.cpus_per_worker": 0.5,
+        "scaling.num_workers": 2,
+        "data.cache": "auto",
+        "run.name": "a",
+    }
     recorded = checkpointing.fingerprint(settings, "d" * 64)
-    assert set(recorded["settings"]) == {"train.learning_rate", "train.max_steps", "model.hidden_size", "run.seed",
-                                         "scaling.num_workers"}
+    assert set(recorded["settings"]) == {
+        "train.learning_rate",
+        "train.max_steps",
+        "model.hidden_size",
+        "run.seed",
+        "scaling.num_workers",
+    }
     # where and how often it logs, checkpoints and runs may change; what is trained may not
-    moved = {**settings, "train.log_every": 1, "tracking.experiment": "y", "scaling.cpus_per_worker": 1.0,
-             "data.cache": "stream", "run.name": "b"}
+    moved = {
+        **settings,
+        "train.log_every": 1,
+        "tracking.experiment": "y",
+        "scaling.cpus_per_worker": 1.0,
+        "data.cache": "stream",
+        "run.name": "b",
+    }
     assert checkpointing.fingerprint_changes(recorded, checkpointing.fingerprint(moved, "d" * 64)) == []
     changed = checkpointing.fingerprint({**settings, "train.learning_rate": 2e-3, "scaling.num_workers": 4}, "e" * 64)
     assert checkpointing.fingerprint_changes(recorded, changed) == [
-        "scaling.num_workers 2 → 4", "train.learning_rate 0.001 → 0.002",
-        "the prepared data (digest dddddddddddd → eeeeeeeeeeee)"]
+        "scaling.num_workers 2 → 4",
+        "train.learning_rate 0.001 → 0.002",
+        "the prepared data (digest dddddddddddd → eeeeeeeeeeee)",
+    ]
     assert checkpointing.fingerprint_changes(None, changed) == []  # a checkpoint from before fingerprints
 
 
@@ -293,9 +352,13 @@ def test_a_drain_notice_checkpoints_the_step_reached_once_and_is_logged(tmp_path
     regular ones of 20 and 40), once however long the notice stands, and the event reaches MLflow's metrics; a
     resume from it continues the run exactly."""
     saved, logged, lines = Checkpoints(tmp_path), [], []
-    trainer = Trainer(KeywordTask(), settings(drain_check_every=5),
-                      WorkerEnv(report=saved, log_metrics=lambda metrics, step: logged.append((metrics, step)),
-                                print_fn=lines.append))
+    trainer = Trainer(
+        KeywordTask(),
+        settings(drain_check_every=5),
+        WorkerEnv(
+            report=saved, log_metrics=lambda metrics, step: logged.append((metrics, step)), print_fn=lines.append
+        ),
+    )
     trainer.env.draining = lambda: trainer.position.step >= 7
     trainer.fit()
     assert sorted(int(p.name[4:]) for p in tmp_path.glob("step*")) == [10, 20, 40]
@@ -308,4 +371,3 @@ def test_a_drain_notice_checkpoints_the_step_reached_once_and_is_logged(tmp_path
     resumed.fit()
     for (name, a), b in zip(weights(full).items(), weights(resumed).values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
-

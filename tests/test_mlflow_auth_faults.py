@@ -119,25 +119,56 @@ def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth
     prepared, corpus = tmp_path / "prepared", tmp_path / "corpus.txt"
     corpus.write_bytes(stdlib_corpus.read_bytes()[:80_000])
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} | {
-        "MLFLOW_TRACKING_USERNAME": TRAINER, "MLFLOW_TRACKING_PASSWORD": password, "PYTHONUNBUFFERED": "1"}
-    prepare = ["data", "prepare", "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", f"data.output={prepared}",
-               "--set", f"data.inputs=[{corpus}]", "--set", "tokenizer.vocab_size=300",
-               "--set", "data.eval_fraction=0.1", "--set", "data.max_seq_length=64"]
-    overrides = [f"run.output_dir={tmp_path / 'runs'}", "run.name=refused", f"tracking.tracking_uri={uri}",
-                 "tracking.experiment=auth-faults-training", f"data.output={prepared}",
-                 "model.embedding_size=32", "model.hidden_size=64", "model.num_hidden_layers=2",
-                 "model.num_attention_heads=2", "model.intermediate_size=128", "scaling.num_workers=1",
-                 "train.precision=fp32", "train.max_steps=40", "train.warmup_steps=1", "train.batch_size=8",
-                 "train.log_every=2", "train.eval_every=20", "train.checkpoint_every=20", "train.eval_batches=2"]
+        "MLFLOW_TRACKING_USERNAME": TRAINER,
+        "MLFLOW_TRACKING_PASSWORD": password,
+        "PYTHONUNBUFFERED": "1",
+    }
+    prepare = [
+        "data",
+        "prepare",
+        "--set",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "--set",
+        f"data.output={prepared}",
+        "--set",
+        f"data.inputs=[{corpus}]",
+        "--set",
+        "tokenizer.vocab_size=300",
+        "--set",
+        "data.eval_fraction=0.1",
+        "--set",
+        "data.max_seq_length=64",
+    ]
+    overrides = [
+        f"run.output_dir={tmp_path / 'runs'}",
+        "run.name=refused",
+        f"tracking.tracking_uri={uri}",
+        "tracking.experiment=auth-faults-training",
+        f"data.output={prepared}",
+        "model.embedding_size=32",
+        "model.hidden_size=64",
+        "model.num_hidden_layers=2",
+        "model.num_attention_heads=2",
+        "model.intermediate_size=128",
+        "scaling.num_workers=1",
+        "train.precision=fp32",
+        "train.max_steps=40",
+        "train.warmup_steps=1",
+        "train.batch_size=8",
+        "train.log_every=2",
+        "train.eval_every=20",
+        "train.checkpoint_every=20",
+        "train.eval_batches=2",
+    ]
     pretrain = ["pretrain", *[item for o in overrides for item in ("--set", o)]]
-    script = ("import sys\nfrom albert_dist.cli import main\n"
-              f"sys.exit(main({prepare!r}) or main({pretrain!r}))")
+    script = f"import sys\nfrom albert_dist.cli import main\nsys.exit(main({prepare!r}) or main({pretrain!r}))"
     log = tmp_path / "job.log"
     state = tmp_path / "runs" / "refused" / "ray" / "refused" / "tracked_metrics.json"
     admin, client = users(uri), MlflowClient(uri)
     with open(log, "w") as out:
-        job = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=tmp_path, stdout=out,
-                               stderr=subprocess.STDOUT, text=True)
+        job = subprocess.Popen(
+            [sys.executable, "-c", script], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True
+        )
     try:
         deadline = time.monotonic() + 900
         run = None

@@ -13,18 +13,24 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
-from albert_dist.storage import sha256_file
-from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
 from finetune_helpers import FILLER, KEYWORDS, single_rows, write_csv
 from mlflow_server import free_port, start_server, stop_server
+
+from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
+from albert_dist.storage import sha256_file
 
 pytestmark = pytest.mark.slow
 
 EXPERIMENT = "ui-check"
-TINY_TRAIN = {"precision": "fp32", "learning_rate": 1e-3, "batch_size": 16, "log_every": 8, "eval_every": 16,
-              "checkpoint_every": 1000}
+TINY_TRAIN = {
+    "precision": "fp32",
+    "learning_rate": 1e-3,
+    "batch_size": 16,
+    "log_every": 8,
+    "eval_every": 16,
+    "checkpoint_every": 1000,
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,29 +55,81 @@ def jobs(tmp_path_factory, server, ray_session):
     before = {name: os.environ.get(name) for name in defaults}
     rng = random.Random(0)
     corpus = root / "corpus.txt"
-    corpus.write_text("\n\n".join(". ".join(" ".join(rng.choices(FILLER + list(KEYWORDS), k=8)) for _ in range(3))
-                                  for _ in range(400)))
+    corpus.write_text(
+        "\n\n".join(
+            ". ".join(" ".join(rng.choices(FILLER + list(KEYWORDS), k=8)) for _ in range(3)) for _ in range(400)
+        )
+    )
     common = [f"run.output_dir={root}", "data.output=prepared"]
-    prepare_dataset(load_config(DataJobConfig, None, common + [
-        f"data.inputs=[{corpus}]", "data.max_seq_length=32", "data.eval_fraction=0.1", "tokenizer.vocab_size=64"]))
+    prepare_dataset(
+        load_config(
+            DataJobConfig,
+            None,
+            common
+            + [
+                f"data.inputs=[{corpus}]",
+                "data.max_seq_length=32",
+                "data.eval_fraction=0.1",
+                "tokenizer.vocab_size=64",
+            ],
+        )
+    )
     tracking = [f"tracking.tracking_uri={server}", f"tracking.experiment={EXPERIMENT}"]
-    pretrained = pretrain(load_config(PretrainJobConfig, None, common + tracking + [
-        "run.name=pre", "model.embedding_size=16", "model.hidden_size=32", "model.num_hidden_layers=1",
-        "model.num_attention_heads=2", "model.intermediate_size=64", "scaling.num_workers=1",
-        "scaling.cpus_per_worker=0.5", "train.precision=fp32", "train.max_steps=4", "train.batch_size=8",
-        "train.warmup_steps=1", "train.eval_every=4", "train.eval_batches=1", "tracking.register_model=ui-pretrained"]))
+    pretrained = pretrain(
+        load_config(
+            PretrainJobConfig,
+            None,
+            common
+            + tracking
+            + [
+                "run.name=pre",
+                "model.embedding_size=16",
+                "model.hidden_size=32",
+                "model.num_hidden_layers=1",
+                "model.num_attention_heads=2",
+                "model.intermediate_size=64",
+                "scaling.num_workers=1",
+                "scaling.cpus_per_worker=0.5",
+                "train.precision=fp32",
+                "train.max_steps=4",
+                "train.batch_size=8",
+                "train.warmup_steps=1",
+                "train.eval_every=4",
+                "train.eval_batches=1",
+                "tracking.register_model=ui-pretrained",
+            ],
+        )
+    )
     write_csv(root / "train.csv", single_rows(128, seed=1))
     write_csv(root / "dev.csv", single_rows(32, seed=2))
-    task = {"run": {"output_dir": str(root)}, "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
-            "data": {"train": str(root / "train.csv"), "dev": str(root / "dev.csv"), "max_seq_length": 32},
-            "finetune": {"epochs": 2}, "train": TINY_TRAIN}
-    tuned = finetune(FinetuneJobConfig.model_validate({
-        **task, "run": {**task["run"], "name": "tune"}, "model": {"init_from": str(pretrained.model_dir)},
-        "tracking": {"tracking_uri": server, "experiment": EXPERIMENT, "register_model": "ui-classifier"}}))
-    distilled = distill(DistillJobConfig.model_validate({
-        **task, "run": {**task["run"], "name": "distill"}, "student": {"num_hidden_layers": 1},
-        "distill": {"teacher": str(tuned.model_dir), "speed_repeats": 2},
-        "tracking": {"tracking_uri": server, "experiment": EXPERIMENT, "register_model": "ui-student"}}))
+    task = {
+        "run": {"output_dir": str(root)},
+        "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
+        "data": {"train": str(root / "train.csv"), "dev": str(root / "dev.csv"), "max_seq_length": 32},
+        "finetune": {"epochs": 2},
+        "train": TINY_TRAIN,
+    }
+    tuned = finetune(
+        FinetuneJobConfig.model_validate(
+            {
+                **task,
+                "run": {**task["run"], "name": "tune"},
+                "model": {"init_from": str(pretrained.model_dir)},
+                "tracking": {"tracking_uri": server, "experiment": EXPERIMENT, "register_model": "ui-classifier"},
+            }
+        )
+    )
+    distilled = distill(
+        DistillJobConfig.model_validate(
+            {
+                **task,
+                "run": {**task["run"], "name": "distill"},
+                "student": {"num_hidden_layers": 1},
+                "distill": {"teacher": str(tuned.model_dir), "speed_repeats": 2},
+                "tracking": {"tracking_uri": server, "experiment": EXPERIMENT, "register_model": "ui-student"},
+            }
+        )
+    )
     # logging models through MLflow's fluent API left the server in $MLFLOW_TRACKING_URI for every later job of
     # the process and its subprocesses (the demo test, run next, tracked to this server after it had stopped)
     assert {name: os.environ.get(name) for name in defaults} == before
@@ -85,8 +143,9 @@ def client(uri):
 
 
 def git_head() -> str | None:
-    found = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True,
-                           text=True)
+    found = subprocess.run(
+        ["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
     return found.stdout.strip() if found.returncode == 0 else None
 
 
@@ -119,9 +178,14 @@ def test_experiment_opens_on_runs_with_source_and_datasets(jobs, server):
         assert json.loads(files["training"].profile)["num_rows"] == 128
 
 
-@pytest.mark.parametrize("job, registered, final_metric", [("pretrain", "ui-pretrained", "eval_mlm_accuracy"),
-                                                           ("finetune", "ui-classifier", "dev_accuracy"),
-                                                           ("distill", "ui-student", "student_dev_accuracy")])
+@pytest.mark.parametrize(
+    "job, registered, final_metric",
+    [
+        ("pretrain", "ui-pretrained", "eval_mlm_accuracy"),
+        ("finetune", "ui-classifier", "dev_accuracy"),
+        ("distill", "ui-student", "student_dev_accuracy"),
+    ],
+)
 def test_final_models_are_logged_linked_and_registered(jobs, server, job, registered, final_metric):
     c = client(server)
     run_id = jobs[job].run_id

@@ -19,8 +19,9 @@ from albert_dist.model import (
     layer_to_group,
 )
 
-SMALL = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-             intermediate_size=48)
+SMALL = dict(
+    vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48
+)
 
 
 def small_config(**overrides) -> AlbertConfig:
@@ -35,7 +36,7 @@ def batch(config: AlbertConfig, B: int = 3, T: int = 10, seed: int = 0):
     mask[2, 4:] = 0
     ids[mask == 0] = config.pad_token_id
     types = torch.zeros(B, T, dtype=torch.long)
-    types[:, T // 2:] = 1
+    types[:, T // 2 :] = 1
     labels = torch.full((B, T), -100)
     labels[0, 1], labels[0, 5], labels[1, 2], labels[2, 3] = 11, 12, 13, 14
     return ids, mask, types, labels
@@ -43,17 +44,24 @@ def batch(config: AlbertConfig, B: int = 3, T: int = 10, seed: int = 0):
 
 # ---------------------------------------------------------------------------------------------------- config
 
-@pytest.mark.parametrize("overrides, field", [
-    (dict(hidden_size=100, num_attention_heads=12), "hidden_size (100) must be divisible by num_attention_heads (12)"),
-    (dict(num_hidden_groups=5), "num_hidden_groups"),
-    (dict(num_hidden_groups=0), "num_hidden_groups"),
-    (dict(vocab_size=0), "vocab_size"),
-    (dict(intermediate_size=-1), "intermediate_size"),
-    (dict(hidden_act="gelu_magic"), "hidden_act"),
-    (dict(hidden_dropout_prob=1.0), "hidden_dropout_prob"),
-    (dict(attention_probs_dropout_prob=-0.1), "attention_probs_dropout_prob"),
-    (dict(problem_type="ranking"), "problem_type"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (
+            dict(hidden_size=100, num_attention_heads=12),
+            "hidden_size (100) must be divisible by num_attention_heads (12)",
+        ),
+        (dict(num_hidden_groups=5), "num_hidden_groups"),
+        (dict(num_hidden_groups=0), "num_hidden_groups"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(intermediate_size=-1), "intermediate_size"),
+        (dict(hidden_act="gelu_magic"), "hidden_act"),
+        (dict(hidden_dropout_prob=1.0), "hidden_dropout_prob"),
+        (dict(attention_probs_dropout_prob=-0.1), "attention_probs_dropout_prob"),
+        (dict(problem_type="ranking"), "problem_type"),
+    ],
+)
 def test_config_validation_names_the_field(overrides, field):
     with pytest.raises(ConfigError) as info:
         small_config(**overrides)
@@ -79,8 +87,14 @@ def test_config_json_round_trip_ignores_unknown_keys(tmp_path):
 
 def test_tiny_preset_is_brightmarts():
     c = AlbertConfig.from_preset("tiny", vocab_size=21128)
-    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size, c.embedding_size,
-            c.vocab_size) == (4, 312, 12, 1248, 128, 21128)
+    assert (
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.num_attention_heads,
+        c.intermediate_size,
+        c.embedding_size,
+        c.vocab_size,
+    ) == (4, 312, 12, 1248, 128, 21128)
     with pytest.raises(ConfigError, match="preset"):
         AlbertConfig.from_preset("huge")
 
@@ -93,6 +107,7 @@ def test_preset_parameter_counts_match_the_paper(preset, millions):
 
 
 # ---------------------------------------------------------------------------------------------------- model
+
 
 def test_layer_to_group_mapping():
     assert [layer_to_group(i, 12, 1) for i in range(12)] == [0] * 12
@@ -184,8 +199,9 @@ def test_padding_does_not_leak_into_real_tokens():
 
 def test_gradient_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
-    config = small_config(num_hidden_groups=2, inner_group_num=2, hidden_dropout_prob=0.1,
-                          attention_probs_dropout_prob=0.1)
+    config = small_config(
+        num_hidden_groups=2, inner_group_num=2, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1
+    )
     model = AlbertForPreTraining(config).train()
     ids, mask, types, labels = batch(model.config)
     sop = torch.tensor([0, 1, 0])
@@ -203,11 +219,14 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("num_labels, labels, reference", [
-    (3, torch.tensor([0, 2, 1]), lambda logits, y: F.cross_entropy(logits, y)),
-    (1, torch.tensor([0.5, -1.0, 2.0]), lambda logits, y: F.mse_loss(logits.squeeze(-1), y)),
-    (2, torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]), F.binary_cross_entropy_with_logits),
-])
+@pytest.mark.parametrize(
+    "num_labels, labels, reference",
+    [
+        (3, torch.tensor([0, 2, 1]), lambda logits, y: F.cross_entropy(logits, y)),
+        (1, torch.tensor([0.5, -1.0, 2.0]), lambda logits, y: F.mse_loss(logits.squeeze(-1), y)),
+        (2, torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]), F.binary_cross_entropy_with_logits),
+    ],
+)
 def test_classification_losses(num_labels, labels, reference):
     model = AlbertForSequenceClassification(small_config(num_labels=num_labels)).eval()
     ids, mask, types, _ = batch(model.config)
@@ -229,6 +248,7 @@ def test_weight_init_follows_transformers():
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
+
 
 def test_save_and_load_round_trip_keeps_other_files(tmp_path):
     model = AlbertForPreTraining(small_config(num_hidden_groups=2)).eval()

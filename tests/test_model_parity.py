@@ -20,10 +20,25 @@ from albert_dist.model import (  # noqa: E402
 
 CONFIGS = {
     # Two groups of two blocks over 5 layers (groups 0,0,0,1,1), E != H.
-    "grouped": dict(vocab_size=101, embedding_size=12, hidden_size=32, num_hidden_layers=5, num_hidden_groups=2,
-                    inner_group_num=2, num_attention_heads=4, intermediate_size=40),
-    "shared_gelu": dict(vocab_size=64, embedding_size=24, hidden_size=24, num_hidden_layers=3,
-                        num_attention_heads=3, intermediate_size=30, hidden_act="gelu"),
+    "grouped": dict(
+        vocab_size=101,
+        embedding_size=12,
+        hidden_size=32,
+        num_hidden_layers=5,
+        num_hidden_groups=2,
+        inner_group_num=2,
+        num_attention_heads=4,
+        intermediate_size=40,
+    ),
+    "shared_gelu": dict(
+        vocab_size=64,
+        embedding_size=24,
+        hidden_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        intermediate_size=30,
+        hidden_act="gelu",
+    ),
 }
 OURS_TO_HF = {
     AlbertForPreTraining: transformers.AlbertForPreTraining,
@@ -125,8 +140,11 @@ def test_masked_lm_parity(direction, tmp_path):
 
 
 @pytest.mark.parametrize("direction", ["ours->hf", "hf->ours"])
-@pytest.mark.parametrize("num_labels, labels", [(3, torch.tensor([2, 0, 1])), (1, torch.tensor([0.3, -1.2, 2.0]))],
-                         ids=["multiclass", "regression"])
+@pytest.mark.parametrize(
+    "num_labels, labels",
+    [(3, torch.tensor([2, 0, 1])), (1, torch.tensor([0.3, -1.2, 2.0]))],
+    ids=["multiclass", "regression"],
+)
 def test_classification_parity(direction, num_labels, labels, tmp_path):
     ours, hf = pair(direction, AlbertForSequenceClassification, "grouped", tmp_path, num_labels=num_labels)
     assert ours.config.num_labels == hf.config.num_labels == num_labels

@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from chinese_helpers import ZH_SENTENCES
 
 from albert_dist.config import DataJobConfig, load_config
 from albert_dist.tokenizer import load_tokenizer
-from chinese_helpers import ZH_SENTENCES
 
 CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
 MAX_LENGTH = 512
@@ -60,9 +60,19 @@ def prepared(tmp_path_factory, ray_session):
     root = tmp_path_factory.mktemp("normalization")
     corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS), encoding="utf-8")
-    cfg = load_config(DataJobConfig, CONFIGS / "prepare_zh.yaml", [
-        f"run.output_dir={root}", f"data.inputs=[{corpus}]", f"data.max_seq_length={MAX_LENGTH}",
-        "data.eval_fraction=0", "data.short_seq_prob=0", "tokenizer.vocab_size=600", "data.tokenizer_actors=1"])
+    cfg = load_config(
+        DataJobConfig,
+        CONFIGS / "prepare_zh.yaml",
+        [
+            f"run.output_dir={root}",
+            f"data.inputs=[{corpus}]",
+            f"data.max_seq_length={MAX_LENGTH}",
+            "data.eval_fraction=0",
+            "data.short_seq_prob=0",
+            "tokenizer.vocab_size=600",
+            "data.tokenizer_actors=1",
+        ],
+    )
     prepare_dataset(cfg, log=lambda _: None)
     return load_prepared(root / cfg.data.output), root / cfg.data.output / "tokenizer"
 
@@ -75,11 +85,20 @@ def exports(prepared, tmp_path_factory):
 
     data, tokenizer_dir = prepared
     tokenizer = load_tokenizer(tokenizer_dir)
-    config = dict(vocab_size=tokenizer.vocab_size, embedding_size=8, hidden_size=16, num_hidden_layers=1,
-                  num_attention_heads=2, intermediate_size=32, max_position_embeddings=MAX_LENGTH)
+    config = dict(
+        vocab_size=tokenizer.vocab_size,
+        embedding_size=8,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=MAX_LENGTH,
+    )
     out = {}
-    for name, model in (("classifier", AlbertForSequenceClassification(AlbertConfig(**config, num_labels=2))),
-                        ("encoder", AlbertForPreTraining(AlbertConfig(**config)))):
+    for name, model in (
+        ("classifier", AlbertForSequenceClassification(AlbertConfig(**config, num_labels=2))),
+        ("encoder", AlbertForPreTraining(AlbertConfig(**config))),
+    ):
         directory = tmp_path_factory.mktemp(name)
         model.save_pretrained(directory)
         tokenizer.save(directory)
@@ -142,8 +161,9 @@ def test_every_path_gives_the_exported_tokenizers_ids(prepared, exports, tmp_pat
     rows = [{"text": d, "label": str(i % 2)} for i, d in enumerate(DOCUMENTS)]
     for split in ("train", "dev"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    section = TaskDataSection(train=str(tmp_path / "train.jsonl"), dev=str(tmp_path / "dev.jsonl"),
-                              max_seq_length=MAX_LENGTH)
+    section = TaskDataSection(
+        train=str(tmp_path / "train.jsonl"), dev=str(tmp_path / "dev.jsonl"), max_seq_length=MAX_LENGTH
+    )
     arrays = prepare_task_data(section, "classification", exports["classifier"]).splits["train"].arrays
     finetuned = [ids[:n].tolist() for ids, n in zip(arrays["input_ids"], arrays["length"])]
     assert _strip_specials(finetuned, cls_id, sep_id) == reference

@@ -51,8 +51,17 @@ def test_lamb_no_trust_ratio_for_excluded_groups_and_zero_weights():
 
 def small_albert() -> torch.nn.Module:
     torch.manual_seed(0)
-    return AlbertForPreTraining(AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
-                                             num_attention_heads=2, intermediate_size=32, max_position_embeddings=16))
+    return AlbertForPreTraining(
+        AlbertConfig(
+            vocab_size=50,
+            embedding_size=8,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+        )
+    )
 
 
 def test_multi_tensor_lamb_matches_the_reference_on_every_albert_parameter():
@@ -60,22 +69,31 @@ def test_multi_tensor_lamb_matches_the_reference_on_every_albert_parameter():
     the multi-tensor step equals google's per-parameter formula over several steps."""
     model = small_albert()
     named = dict(model.named_parameters())
-    opt = build_optimizer("lamb", parameter_groups(named.items(), 0.01), lr=0.02, betas=(0.9, 0.999), eps=1e-6,
-                          weight_decay=0.01)
+    opt = build_optimizer(
+        "lamb", parameter_groups(named.items(), 0.01), lr=0.02, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01
+    )
     expected = {n: (p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)) for n, p in named.items()}
     skipped = "albert.pooler.bias"
-    for step in range(3):
+    for _ in range(3):
         grads = {n: torch.randn_like(p) for n, p in named.items()}
         for n, p in named.items():
             p.grad = None if n == skipped else grads[n].clone()
             if p.grad is not None:
-                expected[n] = reference_lamb_step(*expected[n][:1], grads[n], *expected[n][1:], lr=0.02,
-                                                  wd=0.01 if is_decayed(n) else 0.0, trust=is_decayed(n))
+                expected[n] = reference_lamb_step(
+                    *expected[n][:1],
+                    grads[n],
+                    *expected[n][1:],
+                    lr=0.02,
+                    wd=0.01 if is_decayed(n) else 0.0,
+                    trust=is_decayed(n),
+                )
         opt.step()
     for n, p in named.items():
         torch.testing.assert_close(p.detach(), expected[n][0], rtol=1e-5, atol=1e-6, msg=n)  # skipped one unmoved
-    torch.testing.assert_close(opt.state[named["albert.embeddings.word_embeddings.weight"]]["exp_avg_sq"],
-                               expected["albert.embeddings.word_embeddings.weight"][2])
+    torch.testing.assert_close(
+        opt.state[named["albert.embeddings.word_embeddings.weight"]]["exp_avg_sq"],
+        expected["albert.embeddings.word_embeddings.weight"][2],
+    )
 
 
 def test_adamw_is_torch_fused_with_the_for_loop_results():
@@ -105,8 +123,9 @@ def test_parameter_groups_exclude_layernorm_and_bias():
 
 def test_lr_scale_zero_freezes():
     model = torch.nn.ModuleDict({"emb": torch.nn.Linear(2, 2), "head": torch.nn.Linear(2, 2)})
-    groups = parameter_groups(model.named_parameters(), 0.0, lr_scale={"emb": 0.0, "head": 2.0},
-                              group_of=lambda n: n.split(".")[0])
+    groups = parameter_groups(
+        model.named_parameters(), 0.0, lr_scale={"emb": 0.0, "head": 2.0}, group_of=lambda n: n.split(".")[0]
+    )
     assert {g["name"] for g in groups} == {"head/decay", "head/no_decay"}
     assert not model["emb"].weight.requires_grad and all(g["lr_scale"] == 2.0 for g in groups)
 

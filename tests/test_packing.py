@@ -35,17 +35,31 @@ def masked_batch(count: int, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def tiny_model() -> AlbertForPreTraining:
     torch.manual_seed(0)
-    config = AlbertConfig(vocab_size=100, embedding_size=16, hidden_size=32, num_hidden_layers=2,
-                          num_attention_heads=4, intermediate_size=64, max_position_embeddings=CAPACITY,
-                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0)
+    config = AlbertConfig(
+        vocab_size=100,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=CAPACITY,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout_prob=0.0,
+    )
     return AlbertForPreTraining(config)
 
 
 def forward(model, batch):
     packed = {k: batch[k] for k in ("position_ids", "sequence_ids", "cls_positions") if k in batch}
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                 token_type_ids=batch["token_type_ids"], labels=batch["labels"],
-                 sentence_order_label=batch["sentence_order_label"], **packed)
+    return model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        token_type_ids=batch["token_type_ids"],
+        labels=batch["labels"],
+        sentence_order_label=batch["sentence_order_label"],
+        **packed,
+    )
 
 
 def masked_order(labels, instance, position) -> torch.Tensor:
@@ -59,7 +73,7 @@ def test_first_fit_places_every_length_once_within_capacity():
     rows, offsets, n_rows = first_fit(lengths, CAPACITY)
     fill = np.zeros((n_rows, CAPACITY), int)
     for row, offset, length in zip(rows, offsets, lengths):
-        fill[row, offset:offset + length] += 1
+        fill[row, offset : offset + length] += 1
     assert fill.max() == 1 and fill.sum() == lengths.sum()  # no overlap, nothing lost, nothing past CAPACITY
     assert n_rows < len(lengths) and n_rows * CAPACITY < 1.1 * lengths.sum()  # dense: under 10 % left empty
     with pytest.raises(ValueError, match="does not fit"):
@@ -99,12 +113,16 @@ def test_packed_losses_and_gradients_equal_the_unpacked_batch():
     for name in ("loss", "mlm_loss", "sop_loss", "sop_logits"):
         torch.testing.assert_close(getattr(dense, name), getattr(plain, name), atol=1e-5, rtol=1e-5)
     # the masked tokens come in another order: match them by (instance, position)
-    plain_order = masked_order(batch["labels"], torch.arange(1, 25)[:, None].expand_as(batch["labels"]),
-                               torch.arange(batch["labels"].shape[1]).expand_as(batch["labels"]))
+    plain_order = masked_order(
+        batch["labels"],
+        torch.arange(1, 25)[:, None].expand_as(batch["labels"]),
+        torch.arange(batch["labels"].shape[1]).expand_as(batch["labels"]),
+    )
     dense_order = masked_order(packed["labels"], packed["sequence_ids"], packed["position_ids"])
     for name in ("prediction_logits", "mlm_labels"):
-        torch.testing.assert_close(getattr(dense, name)[dense_order], getattr(plain, name)[plain_order],
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            getattr(dense, name)[dense_order], getattr(plain, name)[plain_order], atol=1e-5, rtol=1e-5
+        )
     for name, grad in plain_grads.items():
         torch.testing.assert_close(dense_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
@@ -118,8 +136,14 @@ def test_an_instance_never_sees_the_others_in_its_row():
 
     def hidden(ids):
         with torch.no_grad():
-            return model.albert(ids, packed["attention_mask"], packed["token_type_ids"], position_ids=packed[
-                "position_ids"], sequence_ids=packed["sequence_ids"], cls_positions=packed["cls_positions"])
+            return model.albert(
+                ids,
+                packed["attention_mask"],
+                packed["token_type_ids"],
+                position_ids=packed["position_ids"],
+                sequence_ids=packed["sequence_ids"],
+                cls_positions=packed["cls_positions"],
+            )
 
     changed = packed["input_ids"].clone()
     changed[packed["sequence_ids"] == first] = 7

@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from finetune_helpers import sentence, write_csv
 
 from albert_dist.cli import main
 from albert_dist.errors import DataError
@@ -13,7 +14,6 @@ from albert_dist.finetune import data, inference
 from albert_dist.finetune.predict import run_predict
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.tokenizer import load_tokenizer, train_sentencepiece
-from finetune_helpers import sentence, write_csv
 
 SAVED_LENGTH = 16
 
@@ -24,10 +24,19 @@ def model_dir(stdlib_corpus, tmp_path_factory):
     directory = tmp_path_factory.mktemp("classifier")
     train_sentencepiece(stdlib_corpus, directory, 600, progress=lambda _: None)
     torch.manual_seed(0)
-    config = AlbertConfig(vocab_size=load_tokenizer(directory).vocab_size, embedding_size=16, hidden_size=32,
-                          num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=2,
-                          max_position_embeddings=128, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1},
-                          initializer_range=0.5)  # large random weights: outputs that depend on every token
+    config = AlbertConfig(
+        vocab_size=load_tokenizer(directory).vocab_size,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=2,
+        max_position_embeddings=128,
+        id2label={0: "neg", 1: "pos"},
+        label2id={"neg": 0, "pos": 1},
+        initializer_range=0.5,
+    )  # large random weights: outputs that depend on every token
     AlbertForSequenceClassification(config).save_pretrained(directory)
     load_tokenizer(directory).save(directory)
     inference.save_max_seq_length(directory, SAVED_LENGTH)
@@ -42,16 +51,18 @@ def row_probabilities(model_dir, texts, max_seq_length):
     with torch.no_grad():
         for text in texts:
             row = tokenizer.encode_pair(text, None, max_seq_length)
-            logits = model(input_ids=torch.tensor([row["input_ids"]]),
-                           token_type_ids=torch.tensor([row["token_type_ids"]])).logits
+            logits = model(
+                input_ids=torch.tensor([row["input_ids"]]), token_type_ids=torch.tensor([row["token_type_ids"]])
+            ).logits
             out.append(torch.softmax(logits, -1)[0].numpy())
     return np.array(out)
 
 
 def test_predict_keeps_columns_restores_order_and_truncates_at_the_saved_length(model_dir, tmp_path):
     rng = random.Random(0)
-    rows = [{"id": i, "text": sentence(rng, [], 2 + 2 * i), "label": rng.choice(["neg", "pos"])}
-            for i in range(24)]  # 2 to 48 words: many beyond 16 tokens
+    rows = [
+        {"id": i, "text": sentence(rng, [], 2 + 2 * i), "label": rng.choice(["neg", "pos"])} for i in range(24)
+    ]  # 2 to 48 words: many beyond 16 tokens
     source = write_csv(tmp_path / "in.csv", rows)
     # fp32: the reference below runs in fp32, and `auto` picks bf16 on CPUs with native bf16 (1e-2 apart)
     assert run_predict(model_dir, source, tmp_path / "out.jsonl", batch_size=4, precision="fp32") == 24
@@ -72,16 +83,45 @@ def test_the_command_predicts_in_the_precision_it_is_given(model_dir, tmp_path, 
     probabilities = {}
     for precision in ("fp32", "bf16"):
         out = tmp_path / f"{precision}.parquet"
-        assert main(["predict", "--model", str(model_dir), "--input", str(source), "--output", str(out),
-                     "--precision", precision]) == 0
+        assert (
+            main(
+                [
+                    "predict",
+                    "--model",
+                    str(model_dir),
+                    "--input",
+                    str(source),
+                    "--output",
+                    str(out),
+                    "--precision",
+                    precision,
+                ]
+            )
+            == 0
+        )
         probabilities[precision] = np.array(data.read_table(out).column("prob_pos").to_pylist())
     reference = row_probabilities(model_dir, [r["text"] for r in data.read_table(source).to_pylist()], SAVED_LENGTH)
     np.testing.assert_allclose(probabilities["fp32"], reference[:, 1], atol=1e-5)
     assert np.abs(probabilities["bf16"] - probabilities["fp32"]).max() > 1e-4
-    assert main(["predict", "--model", str(model_dir), "--input", str(source), "--output",
-                 str(tmp_path / "fp16.csv"), "--precision", "fp16"]) == 2
-    assert capsys.readouterr().err == ("albert-dist: error: precision fp16 needs a GPU (training: "
-                                       "scaling.use_gpu=true); use bf16 or fp32 on CPU\n")
+    assert (
+        main(
+            [
+                "predict",
+                "--model",
+                str(model_dir),
+                "--input",
+                str(source),
+                "--output",
+                str(tmp_path / "fp16.csv"),
+                "--precision",
+                "fp16",
+            ]
+        )
+        == 2
+    )
+    assert capsys.readouterr().err == (
+        "albert-dist: error: precision fp16 needs a GPU (training: scaling.use_gpu=true); use bf16 or fp32 on CPU\n"
+    )
     assert not (tmp_path / "fp16.csv").exists()
 
 

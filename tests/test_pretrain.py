@@ -17,8 +17,13 @@ from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 
 pytestmark = pytest.mark.slow
 
-TINY_MODEL = ["model.embedding_size=32", "model.hidden_size=64", "model.num_hidden_layers=2",
-              "model.num_attention_heads=2", "model.intermediate_size=128"]
+TINY_MODEL = [
+    "model.embedding_size=32",
+    "model.hidden_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=128",
+]
 
 
 def ordered_corpus(path: Path, words: list[str], documents: int = 700, seed: int = 0) -> Path:
@@ -44,19 +49,44 @@ def prepared(tmp_path_factory, stdlib_corpus, ray_session):
     tokenizer = train_sentencepiece([stdlib_corpus], root / "tokenizer", 400, progress=lambda _: None).parent
     words = sorted({w for w in re.findall(r"[a-z]{4,9}", stdlib_corpus.read_text()[:50_000])})[:64]
     corpus = ordered_corpus(root / "ordered.txt", words)
-    cfg = load_config(DataJobConfig, None, [
-        f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=sentences", "data.output=prepared",
-        "data.max_seq_length=64", "data.short_seq_prob=0", "data.eval_fraction=0.1", f"tokenizer.path={tokenizer}"])
+    cfg = load_config(
+        DataJobConfig,
+        None,
+        [
+            f"run.output_dir={root}",
+            f"data.inputs=[{corpus}]",
+            "data.format=sentences",
+            "data.output=prepared",
+            "data.max_seq_length=64",
+            "data.short_seq_prob=0",
+            "data.eval_fraction=0.1",
+            f"tokenizer.path={tokenizer}",
+        ],
+    )
     prepare_dataset(cfg)
     return root
 
 
 def pretrain_overrides(root: Path, name: str, steps: int = 60) -> list[str]:
-    return [f"run.output_dir={root}", f"run.name={name}", "data.output=prepared", *TINY_MODEL,
-            "scaling.num_workers=2", "scaling.cpus_per_worker=0.5", "train.precision=fp32",
-            "train.optimizer=adamw", "train.learning_rate=3e-3", f"train.max_steps={steps}",
-            "train.warmup_steps=5", "train.batch_size=16", "train.log_every=10", "train.eval_every=30",
-            "train.checkpoint_every=30", "train.eval_batches=4", "train.max_failures=0"]
+    return [
+        f"run.output_dir={root}",
+        f"run.name={name}",
+        "data.output=prepared",
+        *TINY_MODEL,
+        "scaling.num_workers=2",
+        "scaling.cpus_per_worker=0.5",
+        "train.precision=fp32",
+        "train.optimizer=adamw",
+        "train.learning_rate=3e-3",
+        f"train.max_steps={steps}",
+        "train.warmup_steps=5",
+        "train.batch_size=16",
+        "train.log_every=10",
+        "train.eval_every=30",
+        "train.checkpoint_every=30",
+        "train.eval_batches=4",
+        "train.max_failures=0",
+    ]
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -84,8 +114,12 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     # the CPU's arithmetic (a CI machine's run stayed at chance at step 400 with 5 warmup steps); with 40 warmup
     # steps and 600 in all, six other corpus x run seeds all reached 0.98-1.0 here (400 steps: one at 0.59)
     overrides = pretrain_overrides(prepared, "learns", steps=600) + [
-        "train.learning_rate=5e-3", "train.warmup_steps=40", "train.log_every=50", "train.eval_every=300",
-        "train.checkpoint_every=300"]
+        "train.learning_rate=5e-3",
+        "train.warmup_steps=40",
+        "train.log_every=50",
+        "train.eval_every=300",
+        "train.checkpoint_every=300",
+    ]
     outcome = pretrain(load_config(PretrainJobConfig, None, overrides))
 
     m = outcome.metrics
@@ -111,8 +145,9 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     theirs = HFAlbertForPreTraining.from_pretrained(outcome.model_dir)
     ids = torch.tensor([[2, 10, 11, 12, 3, 13, 14, 3]])
     with torch.no_grad():
-        torch.testing.assert_close(ours(input_ids=ids).sop_logits, theirs(input_ids=ids).sop_logits,
-                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            ours(input_ids=ids).sop_logits, theirs(input_ids=ids).sop_logits, atol=1e-5, rtol=1e-4
+        )
     assert (outcome.best_model_dir / "model.safetensors").is_file()
 
 
@@ -137,8 +172,7 @@ def eval_rows(tasks) -> list[tuple]:
     return sorted(rows)
 
 
-def test_held_out_masks_are_the_same_every_time_with_any_number_of_workers_and_training_masks(prepared,
-                                                                                              ray_session):
+def test_held_out_masks_are_the_same_every_time_with_any_number_of_workers_and_training_masks(prepared, ray_session):
     from albert_dist.data.loading import load_prepared
 
     one = eval_rows([in_process_task(prepared)[0]])
@@ -149,8 +183,15 @@ def test_held_out_masks_are_the_same_every_time_with_any_number_of_workers_and_t
     other_seed = eval_rows([in_process_task(prepared, 1, 0, "run.seed=1")[0]])
     assert len(other_seed) == len(one) and other_seed != one  # another run seed, other masks
     # training on other masks (twice the rate, single tokens) leaves the held-out masks those of the data's masking
-    other_training, _ = in_process_task(prepared, 1, 0, "masking.mlm_probability=0.3", "masking.max_ngram=1",
-                                        "masking.whole_word=false", "masking.max_predictions_per_seq=40")
+    other_training, _ = in_process_task(
+        prepared,
+        1,
+        0,
+        "masking.mlm_probability=0.3",
+        "masking.max_ngram=1",
+        "masking.whole_word=false",
+        "masking.max_predictions_per_seq=40",
+    )
     assert eval_rows([other_training]) == one
     trained_on = [in_process_task(prepared)[0], other_training]
     masked_share = [float((next(iter(task.train_batches(0)))["labels"] != -100).float().mean()) for task in trained_on]
@@ -173,9 +214,13 @@ class CopyingModel(torch.nn.Module):
         guess = torch.where(guess == self.mask_id, self.most_frequent, guess)
         zero = self.unused.sum() * 0
         return SimpleNamespace(
-            loss=zero, mlm_loss=zero, sop_loss=zero, mlm_labels=labels[labels != -100],
+            loss=zero,
+            mlm_loss=zero,
+            sop_loss=zero,
+            mlm_labels=labels[labels != -100],
             prediction_logits=torch.nn.functional.one_hot(guess, self.vocab_size).float(),
-            sop_logits=torch.zeros(len(sentence_order_label), 2))
+            sop_logits=torch.zeros(len(sentence_order_label), 2),
+        )
 
 
 def test_held_out_mlm_accuracy_is_measured_on_mask_and_a_copying_model_stays_on_the_baseline(prepared, ray_session):
@@ -207,8 +252,16 @@ def test_held_out_mlm_accuracy_is_measured_on_mask_and_a_copying_model_stays_on_
 def trainer_output(root: Path, *extra: str, task_type=None) -> tuple[dict, list[str]]:
     from albert_dist.train.loop import Trainer, WorkerEnv
 
-    task, cfg = in_process_task(root, 1, 0, "train.max_steps=4", "train.warmup_steps=1", "train.eval_every=1",
-                                "train.learning_rate=1e-6", *extra)
+    task, cfg = in_process_task(
+        root,
+        1,
+        0,
+        "train.max_steps=4",
+        "train.warmup_steps=1",
+        "train.eval_every=1",
+        "train.learning_rate=1e-6",
+        *extra,
+    )
     if task_type is not None:
         task.__class__ = task_type
     lines: list[str] = []
@@ -230,13 +283,17 @@ def test_evaluation_shows_the_unigram_baseline_and_warns_once_on_the_plateau(pre
     assert len(warnings) == 1 and "(step 2/4)" in warnings[0] and "train.lr_range_test=true" in warnings[0]
     assert lines.index(warnings[0]) > lines.index(shown[1])
 
-    assert not [line for line in trainer_output(prepared, "train.plateau_warning_after=null")[1]
-                if line.startswith("warning:")]
+    assert not [
+        line for line in trainer_output(prepared, "train.plateau_warning_after=null")[1] if line.startswith("warning:")
+    ]
 
     class Learned(PretrainingTask):
         def plateau(self, eval_metrics):
-            return "held-out MLM accuracy", eval_metrics["eval_mlm_unigram_baseline"] + 0.05, \
-                eval_metrics["eval_mlm_unigram_baseline"]
+            return (
+                "held-out MLM accuracy",
+                eval_metrics["eval_mlm_unigram_baseline"] + 0.05,
+                eval_metrics["eval_mlm_unigram_baseline"],
+            )
 
     assert not [line for line in trainer_output(prepared, task_type=Learned)[1] if line.startswith("warning:")]
 
@@ -250,8 +307,17 @@ def test_packed_training_equals_unpacked_resumes_exactly_and_exports_plain_alber
     from albert_dist.train.loop import Trainer, WorkerEnv
 
     def run(name: str, packing: bool, resume_dir: Path | None = None) -> tuple[dict, Trainer]:
-        task, cfg = in_process_task(prepared, 1, 0, "train.max_steps=4", "train.warmup_steps=1", "train.log_every=4",
-                                    "train.eval_every=4", "train.checkpoint_every=2", f"data.packing={packing}")
+        task, cfg = in_process_task(
+            prepared,
+            1,
+            0,
+            "train.max_steps=4",
+            "train.warmup_steps=1",
+            "train.log_every=4",
+            "train.eval_every=4",
+            "train.checkpoint_every=2",
+            f"data.packing={packing}",
+        )
 
         def keep(metrics: dict, directory: Path | None) -> None:
             if directory is not None:
@@ -263,7 +329,8 @@ def test_packed_training_equals_unpacked_resumes_exactly_and_exports_plain_alber
     plain, _ = run("plain", False)
     packed, trainer = run("packed", True)
     assert packed["samples_per_s"] / packed["tokens_per_s"] == pytest.approx(
-        plain["samples_per_s"] / plain["tokens_per_s"])  # instances and real tokens counted alike
+        plain["samples_per_s"] / plain["tokens_per_s"]
+    )  # instances and real tokens counted alike
     for key in ("loss", "mlm_accuracy", "sop_loss", "eval_loss", "eval_mlm_accuracy", "eval_sop_accuracy"):
         assert packed[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
     resumed, again = run("resumed", True, resume_dir=tmp_path / "packed" / "step2")
@@ -273,8 +340,10 @@ def test_packed_training_equals_unpacked_resumes_exactly_and_exports_plain_alber
     model_dir = tmp_path / "packed" / "step4" / "model"
     ids = torch.tensor([[2, 10, 11, 12, 3, 13, 14, 3]])
     with torch.no_grad():
-        torch.testing.assert_close(HFAlbertForPreTraining.from_pretrained(model_dir)(input_ids=ids).sop_logits,
-                                   AlbertForPreTraining.from_pretrained(model_dir)(input_ids=ids).sop_logits)
+        torch.testing.assert_close(
+            HFAlbertForPreTraining.from_pretrained(model_dir)(input_ids=ids).sop_logits,
+            AlbertForPreTraining.from_pretrained(model_dir)(input_ids=ids).sop_logits,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -282,10 +351,22 @@ def short_data(prepared):
     """The ordered corpus prepared again at 16 tokens with the same tokenizer: the short phase of a schedule."""
     from albert_dist.data.prepare import prepare_dataset
 
-    prepare_dataset(load_config(DataJobConfig, None, [
-        f"run.output_dir={prepared}", f"data.inputs=[{prepared / 'ordered.txt'}]", "data.format=sentences",
-        "data.output=prepared_16", "data.max_seq_length=16", "data.short_seq_prob=0", "data.eval_fraction=0.1",
-        f"tokenizer.path={prepared / 'tokenizer'}"]))
+    prepare_dataset(
+        load_config(
+            DataJobConfig,
+            None,
+            [
+                f"run.output_dir={prepared}",
+                f"data.inputs=[{prepared / 'ordered.txt'}]",
+                "data.format=sentences",
+                "data.output=prepared_16",
+                "data.max_seq_length=16",
+                "data.short_seq_prob=0",
+                "data.eval_fraction=0.1",
+                f"tokenizer.path={prepared / 'tokenizer'}",
+            ],
+        )
+    )
     return "prepared_16"
 
 
@@ -310,15 +391,28 @@ def test_phases_read_each_phase_data_at_its_length_and_batch_size(prepared, shor
     model = task.build_model()  # MFU counts each phase at its own length
     assert task.flops_per_token(model, 0) == model.flops_per_token(16) < task.flops_per_token(model, 1)
 
-    wrong = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "phases") + [
-        "train.phases=[{data: prepared_16, steps: 6, max_seq_length: 128}]", "train.max_steps=6"])
-    with pytest.raises(ConfigError, match=r"train.phases\[1\] .*prepared_16\) is prepared at max_seq_length 16, "
-                                          r"the phase says 128"):
+    wrong = load_config(
+        PretrainJobConfig,
+        None,
+        pretrain_overrides(prepared, "phases")
+        + ["train.phases=[{data: prepared_16, steps: 6, max_seq_length: 128}]", "train.max_steps=6"],
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"train.phases\[1\] .*prepared_16\) is prepared at max_seq_length 16, "
+        r"the phase says 128",
+    ):
         open_phases(wrong, main, pretraining_model_config(wrong, main.manifest))
-    small_model = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "phases") + [
-        PHASES, "train.max_steps=12", "model.max_position_embeddings=32"])
-    with pytest.raises(ConfigError, match=r"train.phases\[2\] .* max_seq_length 64, beyond "
-                                          r"model.max_position_embeddings \(32\)"):
+    small_model = load_config(
+        PretrainJobConfig,
+        None,
+        pretrain_overrides(prepared, "phases") + [PHASES, "train.max_steps=12", "model.max_position_embeddings=32"],
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"train.phases\[2\] .* max_seq_length 64, beyond "
+        r"model.max_position_embeddings \(32\)",
+    ):
         open_phases(small_model, main, small_model.model.build(vocab_size=400))
 
 
@@ -330,7 +424,12 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
     from albert_dist.pretrain import pretrain
 
     overrides = pretrain_overrides(prepared, "phased", 12) + [
-        PHASES, "train.checkpoint_every=4", "train.eval_every=12", "train.log_every=2", "train.keep_checkpoints=3"]
+        PHASES,
+        "train.checkpoint_every=4",
+        "train.eval_every=12",
+        "train.log_every=2",
+        "train.keep_checkpoints=3",
+    ]
     first = pretrain(load_config(PretrainJobConfig, None, overrides))
     assert first.metrics["step"] == 12
     uninterrupted = final_weights(prepared / "phased")
@@ -352,7 +451,11 @@ def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, c
     from albert_dist.pretrain import PRETRAIN
 
     overrides = pretrain_overrides(prepared, "range") + [
-        "train.lr_range_test=true", "train.lr_range_steps=40", "train.lr_range_min=1e-4", "train.lr_range_max=30"]
+        "train.lr_range_test=true",
+        "train.lr_range_steps=40",
+        "train.lr_range_min=1e-4",
+        "train.lr_range_max=30",
+    ]
     assert PRETRAIN.main(load_config(PretrainJobConfig, None, overrides)) == 0
     out = capsys.readouterr().out
     suggested = float(re.search(r"suggested: --set train.learning_rate=(\S+) ", out).group(1))
@@ -364,8 +467,10 @@ def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, c
     assert not (prepared / "range" / "model").exists()  # a range test trains nothing
 
     client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
-    run = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id,
-                             filter_string="attributes.run_name = 'range-lr-range-test'")[0]
+    run = client.search_runs(
+        client.get_experiment_by_name("albert-dist").experiment_id,
+        filter_string="attributes.run_name = 'range-lr-range-test'",
+    )[0]
     assert run.info.status == "FINISHED"
     assert float(run.data.params["suggested_learning_rate"]) == pytest.approx(suggested, rel=0.05)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "lr_range_test")}
@@ -379,9 +484,14 @@ def test_a_worker_imports_its_task_without_the_drivers_tracking(task_module):
     import subprocess
     import sys
 
-    driver_side = ["mlflow", "pandas", "albert_dist.tracking", "albert_dist.mlflow_models", "albert_dist.pretrain",
-                   "albert_dist.finetune.job"]
-    check = (f"import sys, {task_module}; "
-             f"print(','.join(m for m in {driver_side!r} if m in sys.modules))")
+    driver_side = [
+        "mlflow",
+        "pandas",
+        "albert_dist.tracking",
+        "albert_dist.mlflow_models",
+        "albert_dist.pretrain",
+        "albert_dist.finetune.job",
+    ]
+    check = f"import sys, {task_module}; print(','.join(m for m in {driver_side!r} if m in sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == ""

@@ -19,8 +19,13 @@ import pytest
 from checkpoint_helpers import assert_mid_run, verifying_steps
 from process_helpers import process_tree, train_workers_of, wait_until_gone
 from test_faults_disk import fill, tmpfs
-from test_pretrain import prepared  # noqa: F401 - a fixture (its own instance in this module)
-from test_pretrain import assert_same_weights, checkpoints, final_weights, pretrain_overrides
+from test_pretrain import (
+    assert_same_weights,
+    checkpoints,
+    final_weights,
+    prepared,  # noqa: F401 - a fixture (its own instance in this module)
+    pretrain_overrides,
+)
 
 from albert_dist.config import PretrainJobConfig, load_config
 
@@ -57,8 +62,9 @@ def _launch(root: Path, name: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "albert_dist.cli", "pretrain"]
     for item in pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES + [STREAMED]:
         args += ["--set", item]
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen | None = None, timeout: float = 300) -> bool:
@@ -114,8 +120,9 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
     assert_same_weights(baseline, final_weights(run_dir))
 
     client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
-    runs = client.search_runs(client.get_experiment_by_name("albert-dist").experiment_id,
-                              filter_string="attributes.run_name = 'killed'")
+    runs = client.search_runs(
+        client.get_experiment_by_name("albert-dist").experiment_id, filter_string="attributes.run_name = 'killed'"
+    )
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["data.in_memory"] == "False"
     assert max(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")) == RESUME_STEPS
@@ -154,8 +161,15 @@ def tracking_server(tmp_path_factory):
 
 def faulted_run(prepared: Path, server: TrackingServer, *extra: str):
     """The `faulted` run (launched again by later tests): streamed, metrics every 2 steps to the real server."""
-    return resume_run(prepared, "faulted", STREAMED, "train.max_failures=2", "train.log_every=2",
-                      f"tracking.tracking_uri={server.uri}", *extra)
+    return resume_run(
+        prepared,
+        "faulted",
+        STREAMED,
+        "train.max_failures=2",
+        "train.log_every=2",
+        f"tracking.tracking_uri={server.uri}",
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +241,8 @@ def test_workers_killed_during_an_mlflow_outage_resume_exactly_and_lose_no_metri
     assert_same_weights(baseline, final_weights(prepared / "faulted"))
     client = MlflowClient(outcome.tracking_uri)
     assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "loss")) == list(
-        range(2, RESUME_STEPS + 1, 2))
+        range(2, RESUME_STEPS + 1, 2)
+    )
     assert [m.step for m in client.get_metric_history(outcome.run_id, "eval_loss")] == [RESUME_STEPS]
     steps = [m.step for m in client.get_metric_history(outcome.run_id, "tokens_per_s")]
     assert steps and len(steps) == len(set(steps)), f"tokens_per_s logged twice at some step: {sorted(steps)}"
@@ -252,7 +267,8 @@ def run_disk(tmp_path):
 
 
 def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and_resumes(
-        prepared, ray_session, run_disk, tmp_path):
+    prepared, ray_session, run_disk, tmp_path
+):
     """The run directory is a real 16 MB tmpfs, filled up once the first checkpoint is stored: the next one fails
     inside `ray.train.report` (Ray Train copying it into the run's storage). The job stops with one line naming
     the step, the stored checkpoint still verifies, and once space is freed the relaunch resumes from it."""
@@ -260,8 +276,12 @@ def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and
     from albert_dist.pretrain import pretrain
 
     overrides = pretrain_overrides(run_disk, "full", 40) + [
-        f"data.output={prepared / 'prepared'}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        "train.checkpoint_every=10", "train.eval_every=40", "train.log_every=5"]
+        f"data.output={prepared / 'prepared'}",
+        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        "train.checkpoint_every=10",
+        "train.eval_every=40",
+        "train.log_every=5",
+    ]
 
     def fill_after_the_first_checkpoint() -> None:
         deadline = time.time() + 300
@@ -279,8 +299,11 @@ def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and
     assert verifying_steps(run_disk / "full"), "no checkpoint stored before the disk filled stayed whole"
     # the worker's copy of a later checkpoint into the run's storage meets the full disk (or, when the disk fills
     # while Ray's controller writes its record of the first one, that write: the message then names the storage)
-    failed = re.match(r"no space left on device while writing (the checkpoint of step (\d+) \(.*, then the run's "
-                      r"storage\)|a checkpoint into the run's storage )", str(stopped.value))
+    failed = re.match(
+        r"no space left on device while writing (the checkpoint of step (\d+) \(.*, then the run's "
+        r"storage\)|a checkpoint into the run's storage )",
+        str(stopped.value),
+    )
     assert failed, stopped.value
     assert failed[2] is None or int(failed[2]) > verifying_steps(run_disk / "full")[-1], stopped.value
 

@@ -20,15 +20,57 @@ from albert_dist.errors import ConfigError, DataError
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 # Text that looks like YAML, config keys and corpora often enough to get past the first parser.
-YAML_PIECES = st.sampled_from(["run:", "model:", "train:", "data:", "  name: x", "  max_steps: 5", "  preset: base",
-                               "  hidden_size: -1", "  inputs: [a, b]", "- 1", "{", "}", "[", ":", "\t", "'", '"',
-                               "&a", "*a", "!!python/object:os.system", "~", "null", "1e-4", "\n", " ", "#"])
+YAML_PIECES = st.sampled_from(
+    [
+        "run:",
+        "model:",
+        "train:",
+        "data:",
+        "  name: x",
+        "  max_steps: 5",
+        "  preset: base",
+        "  hidden_size: -1",
+        "  inputs: [a, b]",
+        "- 1",
+        "{",
+        "}",
+        "[",
+        ":",
+        "\t",
+        "'",
+        '"',
+        "&a",
+        "*a",
+        "!!python/object:os.system",
+        "~",
+        "null",
+        "1e-4",
+        "\n",
+        " ",
+        "#",
+    ]
+)
 yaml_text = st.one_of(st.text(), st.lists(YAML_PIECES, max_size=12).map("\n".join))
-OVERRIDE_KEYS = st.sampled_from(["run.name", "train.max_steps", "train", "model.preset", "model.allow_pickle",
-                                 "scaling.num_workers", "a.b.c", "", ".", "run."])
-override = st.one_of(st.text(max_size=30),
-                     st.tuples(OVERRIDE_KEYS, st.sampled_from(["=", "", "=="]),
-                               st.one_of(st.text(max_size=12), YAML_PIECES)).map("".join))
+OVERRIDE_KEYS = st.sampled_from(
+    [
+        "run.name",
+        "train.max_steps",
+        "train",
+        "model.preset",
+        "model.allow_pickle",
+        "scaling.num_workers",
+        "a.b.c",
+        "",
+        ".",
+        "run.",
+    ]
+)
+override = st.one_of(
+    st.text(max_size=30),
+    st.tuples(OVERRIDE_KEYS, st.sampled_from(["=", "", "=="]), st.one_of(st.text(max_size=12), YAML_PIECES)).map(
+        "".join
+    ),
+)
 
 
 @FAST
@@ -43,16 +85,39 @@ def test_config_loader_gives_a_config_or_a_config_error(tmp_path, text, override
     assert isinstance(cfg, PretrainJobConfig) and cfg.train.warmup_steps <= cfg.train.max_steps
 
 
-CORPUS_PIECES = st.sampled_from(["Dr. Smith", " went home.", " 他说：“好。”", "\n", "\n\n", "\r\n", "\t", "!", "?",
-                                 '{"text": "a. b."}', '{"text": 3}', "{", "\x00", "\ufeff", "…", "e.g.", " " * 5])
-corpus_bytes = st.one_of(st.binary(max_size=300),
-                         st.lists(CORPUS_PIECES, max_size=20).map(lambda parts: "".join(parts).encode("utf-8")))
+CORPUS_PIECES = st.sampled_from(
+    [
+        "Dr. Smith",
+        " went home.",
+        " 他说：“好。”",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "\t",
+        "!",
+        "?",
+        '{"text": "a. b."}',
+        '{"text": 3}',
+        "{",
+        "\x00",
+        "\ufeff",
+        "…",
+        "e.g.",
+        " " * 5,
+    ]
+)
+corpus_bytes = st.one_of(
+    st.binary(max_size=300), st.lists(CORPUS_PIECES, max_size=20).map(lambda parts: "".join(parts).encode("utf-8"))
+)
 
 
 @FAST
-@given(data=corpus_bytes, name=st.sampled_from(["c.txt", "c.jsonl", "c.parquet", "c.txt.gz"]),
-       fmt=st.sampled_from(["auto", "sentences", "lines", "blocks", "jsonl"]),
-       max_chars=st.integers(16, 64))
+@given(
+    data=corpus_bytes,
+    name=st.sampled_from(["c.txt", "c.jsonl", "c.parquet", "c.txt.gz"]),
+    fmt=st.sampled_from(["auto", "sentences", "lines", "blocks", "jsonl"]),
+    max_chars=st.integers(16, 64),
+)
 def test_corpus_reader_and_sentence_splitter_give_documents_or_a_data_error(data, name, fmt, max_chars):
     try:
         documents, counts = parse_file(name, data, fmt, "text")
@@ -67,6 +132,7 @@ def test_corpus_reader_and_sentence_splitter_give_documents_or_a_data_error(data
 
 # ------------------------------------------------------------------------------------------------- tokenizer
 
+
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
     """A small SentencePiece model and a small WordPiece vocabulary: the two kinds the wrapper loads."""
@@ -74,10 +140,16 @@ def tokenizers(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("prop-tok")
     corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(f"The {w} of {v} is {n} times larger, said Dr. Lee. 他们说{c}。"
-                                for n, (w, v, c) in enumerate(zip(["cat", "dog", "house", "river"] * 30,
-                                                                 ["town", "sea", "tree", "road"] * 30,
-                                                                 "天地人和山水日月" * 15))))
+    corpus.write_text(
+        "\n".join(
+            f"The {w} of {v} is {n} times larger, said Dr. Lee. 他们说{c}。"
+            for n, (w, v, c) in enumerate(
+                zip(
+                    ["cat", "dog", "house", "river"] * 30, ["town", "sea", "tree", "road"] * 30, "天地人和山水日月" * 15
+                )
+            )
+        )
+    )
     spm_dir = root / "spm"
     train_sentencepiece([corpus], spm_dir, 60, progress=lambda _: None)
     wp_dir = root / "wp"
@@ -88,8 +160,12 @@ def tokenizers(tmp_path_factory):
 
 
 @FAST
-@given(a=st.text(max_size=80), b=st.one_of(st.none(), st.text(max_size=80)), max_length=st.integers(3, 40),
-       which=st.integers(0, 1))
+@given(
+    a=st.text(max_size=80),
+    b=st.one_of(st.none(), st.text(max_size=80)),
+    max_length=st.integers(3, 40),
+    which=st.integers(0, 1),
+)
 def test_tokenizer_ids_are_in_range_and_pairs_fit_max_length(tokenizers, a, b, max_length, which):
     tokenizer = tokenizers[which]
     ids = tokenizer.encode(a)
@@ -116,27 +192,43 @@ def ragged(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 @FAST
-@given(rows=st.lists(st.lists(st.integers(0, VOCAB - 1), max_size=50), min_size=1, max_size=6),
-       whole_word=st.booleans(), multiple=st.sampled_from([1, 8]), seed=st.integers(0, 2**16))
+@given(
+    rows=st.lists(st.lists(st.integers(0, VOCAB - 1), max_size=50), min_size=1, max_size=6),
+    whole_word=st.booleans(),
+    multiple=st.sampled_from([1, 8]),
+    seed=st.integers(0, 2**16),
+)
 def test_masking_collator_labels_only_real_tokens_and_pads_to_a_multiple(rows, whole_word, multiple, seed):
-    collator = MaskingCollator(vocab_size=VOCAB, pad_id=PAD, mask_id=MASK, special_ids=SPECIALS,
-                               whole_word=whole_word, pad_to_multiple_of=multiple)
+    collator = MaskingCollator(
+        vocab_size=VOCAB,
+        pad_id=PAD,
+        mask_id=MASK,
+        special_ids=SPECIALS,
+        whole_word=whole_word,
+        pad_to_multiple_of=multiple,
+    )
     rng = np.random.default_rng(seed)
-    batch = {"input_ids": ragged([np.array(r, np.int32) for r in rows]),
-             "token_type_ids": ragged([np.zeros(len(r), np.int32) for r in rows]),
-             "word_start": ragged([rng.random(len(r)) < 0.5 for r in rows]),
-             "sop_label": np.zeros(len(rows), np.int64)}
+    batch = {
+        "input_ids": ragged([np.array(r, np.int32) for r in rows]),
+        "token_type_ids": ragged([np.zeros(len(r), np.int32) for r in rows]),
+        "word_start": ragged([rng.random(len(r)) < 0.5 for r in rows]),
+        "sop_label": np.zeros(len(rows), np.int64),
+    }
     out = collator(batch, batch_rng(seed, 0, 0, 0))
     width = max(max(len(r) for r in rows), 1)
-    assert out["input_ids"].shape == out["labels"].shape == out["attention_mask"].shape == (len(rows),
-                                                                                           out["labels"].shape[1])
+    assert (
+        out["input_ids"].shape
+        == out["labels"].shape
+        == out["attention_mask"].shape
+        == (len(rows), out["labels"].shape[1])
+    )
     assert out["labels"].shape[1] % multiple == 0 and width <= out["labels"].shape[1] < width + multiple
     for row, ids in enumerate(rows):
         labels = out["labels"][row].numpy()
         assert (out["attention_mask"][row].numpy() == (np.arange(labels.size) < len(ids))).all()
         predicted = np.flatnonzero(labels != IGNORE_INDEX)
         assert all(p < len(ids) and ids[p] not in SPECIALS and labels[p] == ids[p] for p in predicted)
-        assert (out["input_ids"][row, len(ids):] == PAD).all()
+        assert (out["input_ids"][row, len(ids) :] == PAD).all()
 
 
 # ----------------------------------------------------------------------------------------- fine-tuning data
@@ -153,11 +245,16 @@ def labelled_file(kind: str, header: list[str], rows: list[list[str]]) -> str:
 
 finetune_files = st.one_of(
     st.tuples(st.sampled_from(["csv", "tsv", "jsonl"]), st.text(max_size=200)),
-    st.tuples(st.sampled_from(["csv", "tsv", "jsonl"]), st.builds(
-        lambda kind, header, rows: labelled_file(kind, header, rows),
-        st.shared(st.sampled_from(["csv", "tsv", "jsonl"]), key="kind"),
-        st.lists(st.sampled_from(["text", "label", "other", ""]), min_size=1, max_size=3),
-        st.lists(st.lists(CELLS, min_size=1, max_size=3), max_size=12))))
+    st.tuples(
+        st.sampled_from(["csv", "tsv", "jsonl"]),
+        st.builds(
+            lambda kind, header, rows: labelled_file(kind, header, rows),
+            st.shared(st.sampled_from(["csv", "tsv", "jsonl"]), key="kind"),
+            st.lists(st.sampled_from(["text", "label", "other", ""]), min_size=1, max_size=3),
+            st.lists(st.lists(CELLS, min_size=1, max_size=3), max_size=12),
+        ),
+    ),
+)
 
 
 @FAST
@@ -172,8 +269,10 @@ def test_finetune_reader_gives_rows_or_a_data_error(tmp_path, file, task):
     try:
         splits = load_splits(TaskDataSection(train=str(path)))
         names = label_names(splits["train"], None) if task == "classification" else None
-        ids = {name: label_ids(split, "label", task, {n: i for i, n in enumerate(names or [])})
-               for name, split in splits.items()}
+        ids = {
+            name: label_ids(split, "label", task, {n: i for i, n in enumerate(names or [])})
+            for name, split in splits.items()
+        }
     except (DataError, ConfigError):
         return
     assert sum(len(split.texts) for split in splits.values()) >= 2

@@ -37,10 +37,16 @@ def two_cpu_run(tmp_path_factory, ray_session):
     root = tmp_path_factory.mktemp("threads")
     out = root / "threads"
     out.mkdir()
-    result = run_training(name="threads", storage_path=root / "ray", task=ThreadsRecordingTask(str(out)),
-                          train=TrainSection(max_steps=4, warmup_steps=0, log_every=2, eval_every=4,
-                                             checkpoint_every=4, precision="fp32"),
-                          scaling=ScalingSection(num_workers=1, cpus_per_worker=2), seed=0)
+    result = run_training(
+        name="threads",
+        storage_path=root / "ray",
+        task=ThreadsRecordingTask(str(out)),
+        train=TrainSection(
+            max_steps=4, warmup_steps=0, log_every=2, eval_every=4, checkpoint_every=4, precision="fp32"
+        ),
+        scaling=ScalingSection(num_workers=1, cpus_per_worker=2),
+        seed=0,
+    )
     return result, out
 
 
@@ -84,22 +90,42 @@ def test_a_diverged_run_stops_with_its_message_and_keeps_the_last_good_checkpoin
     """The loss turns NaN for good after 5 calls: the run stops 3 non-finite steps later with the loop's message,
     though the stop reports no checkpoint for Ray to carry it, and the checkpoint of step 4 stays."""
     with pytest.raises(TrainingDiverged, match="not finite for 3 consecutive steps"):
-        run_training(name="diverged", storage_path=tmp_path, task=KeywordSpec(poison_from_step=5),
-                     train=TrainSection(max_steps=12, warmup_steps=0, log_every=4, eval_every=4, checkpoint_every=4,
-                                        max_nonfinite_steps=3, precision="fp32"),
-                     scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
-    assert [json.loads((d / "manifest.json").read_text())["step"]
-            for d in (tmp_path / "diverged").glob("checkpoint_*") if d.is_dir()] == [4]
+        run_training(
+            name="diverged",
+            storage_path=tmp_path,
+            task=KeywordSpec(poison_from_step=5),
+            train=TrainSection(
+                max_steps=12,
+                warmup_steps=0,
+                log_every=4,
+                eval_every=4,
+                checkpoint_every=4,
+                max_nonfinite_steps=3,
+                precision="fp32",
+            ),
+            scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
+            seed=0,
+        )
+    assert [
+        json.loads((d / "manifest.json").read_text())["step"]
+        for d in (tmp_path / "diverged").glob("checkpoint_*")
+        if d.is_dir()
+    ] == [4]
 
 
 def test_a_relaunched_finished_run_whose_last_report_ray_lost_ends_at_its_end(tmp_path, ray_session):
     """A run whose last checkpoint is stored but not in Ray's record (its record cut off, as a crash or a full disk
     leaves it, or a node lost right after the report) is relaunched: it resumes at its last step, trains no further
     and reports its end again, so the result is the end of the run, evaluated, not Ray's older record or nothing."""
-    train = TrainSection(max_steps=4, warmup_steps=0, log_every=2, eval_every=2, checkpoint_every=2,
-                         precision="fp32")
-    run = dict(name="ended", storage_path=tmp_path, task=KeywordSpec(), train=train,
-               scaling=ScalingSection(num_workers=1, cpus_per_worker=1), seed=0)
+    train = TrainSection(max_steps=4, warmup_steps=0, log_every=2, eval_every=2, checkpoint_every=2, precision="fp32")
+    run = dict(
+        name="ended",
+        storage_path=tmp_path,
+        task=KeywordSpec(),
+        train=train,
+        scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
+        seed=0,
+    )
     first = run_training(**run)
     (tmp_path / "ended" / "checkpoint_manager_snapshot.json").write_text('{"checkpoint_results": [')
     again = run_training(**run)

@@ -22,13 +22,18 @@ from finetune_helpers import single_rows, write_csv, write_jsonl
 from mlflow_server import free_port
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
-from albert_dist.storage import resolve_path
 from albert_dist.errors import ConfigError, DataError
 from albert_dist.finetune.config import FinetuneJobConfig
+from albert_dist.storage import resolve_path
 
 BUCKET = "albert-test"
-TINY_MODEL = ["model.embedding_size=32", "model.hidden_size=64", "model.num_hidden_layers=2",
-              "model.num_attention_heads=2", "model.intermediate_size=128"]
+TINY_MODEL = [
+    "model.embedding_size=32",
+    "model.hidden_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=128",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +41,12 @@ def s3_env():
     """A moto S3 server on a free loopback port, killed at the end; the AWS_* variables that point pyarrow, boto3
     and the jobs at it (the secret key random, to search the outputs for)."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -47,8 +56,13 @@ def s3_env():
         except OSError:
             assert server.poll() is None and time.time() < deadline, "moto server did not start"
             time.sleep(0.2)
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "albert-test", "AWS_REGION": "us-east-1",
-           "AWS_SECRET_ACCESS_KEY": secrets.token_hex(16), "AWS_EC2_METADATA_DISABLED": "true"}
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "albert-test",
+        "AWS_REGION": "us-east-1",
+        "AWS_SECRET_ACCESS_KEY": secrets.token_hex(16),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     try:
         yield env
     finally:
@@ -59,8 +73,13 @@ def s3_env():
 def s3_client(env: dict[str, str]):
     import boto3
 
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 def refused_without_echo(cls, override: str, message: str) -> str:
@@ -89,25 +108,43 @@ def test_uris_only_where_they_work(monkeypatch):
     assert pretrain.run.run_dir.parts[-4:] == ("s3", "bucket", "out", "r")  # its local staging directory
     tuned = load_config(FinetuneJobConfig, None, ["run.output_dir=gs://bucket/out", "model.init_from=gs://b/m/model"])
     assert tuned.run.locate("model") == "gs://bucket/out/finetune/model" and tuned.model.init_from == "gs://b/m/model"
-    refused_without_echo(PretrainJobConfig, "run.output_dir=s3://bucket/out?secret_key=hunter2",
-                         r"run\.output_dir: the URI carries credentials \(secret_key\)")
-    refused_without_echo(FinetuneJobConfig, "model.init_from=s3://key:hunter2@bucket/model",
-                         r"model\.init_from: the URI carries credentials \(user info\)")
+    refused_without_echo(
+        PretrainJobConfig,
+        "run.output_dir=s3://bucket/out?secret_key=hunter2",
+        r"run\.output_dir: the URI carries credentials \(secret_key\)",
+    )
+    refused_without_echo(
+        FinetuneJobConfig,
+        "model.init_from=s3://key:hunter2@bucket/model",
+        r"model\.init_from: the URI carries credentials \(user info\)",
+    )
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default store, a SQLite file, cannot be on S3
     with pytest.raises(ConfigError, match=r"run\.output_dir is a URI .* no MLflow store is set"):
         pretrain.tracking.resolved_uri(pretrain.run.output_dir)
-    for cls, field in ((PretrainJobConfig, "model.init_from"), (DataJobConfig, "tokenizer.path"),
-                       (DistillJobConfig, "distill.teacher"), (DistillJobConfig, "student.init_from")):
+    for cls, field in (
+        (PretrainJobConfig, "model.init_from"),
+        (DataJobConfig, "tokenizer.path"),
+        (DistillJobConfig, "distill.teacher"),
+        (DistillJobConfig, "student.init_from"),
+    ):
         with pytest.raises(ConfigError, match=rf"{field}: a URI, but this is read from a local or mounted path"):
             load_config(cls, None, [f"{field}=gs://bucket/model"])
     message = refused_without_echo(
-        DataJobConfig, "data.output=s3://bucket/x?endpoint_override=h:9000&secret_key=hunter2",
-        r"data\.output: the URI carries credentials \(secret_key\)")
+        DataJobConfig,
+        "data.output=s3://bucket/x?endpoint_override=h:9000&secret_key=hunter2",
+        r"data\.output: the URI carries credentials \(secret_key\)",
+    )
     assert "endpoint_override=h:9000" in message
-    refused_without_echo(DataJobConfig, "data.inputs=[s3://key:hunter2@bucket/corpus]",
-                         r"data\.inputs: the URI carries credentials \(user info\)")
-    refused_without_echo(FinetuneJobConfig, "data.train=s3://key:hunter2@bucket/train.csv",
-                         r"data\.train: the URI carries credentials \(user info\)")
+    refused_without_echo(
+        DataJobConfig,
+        "data.inputs=[s3://key:hunter2@bucket/corpus]",
+        r"data\.inputs: the URI carries credentials \(user info\)",
+    )
+    refused_without_echo(
+        FinetuneJobConfig,
+        "data.train=s3://key:hunter2@bucket/train.csv",
+        r"data\.train: the URI carries credentials \(user info\)",
+    )
     with pytest.raises(ConfigError, match=r"data\.output: name a prefix inside the bucket"):
         load_config(DataJobConfig, None, ["data.output=s3://bucket"])
     with pytest.raises(ConfigError, match="is a URI where a local or mounted path is needed"):
@@ -127,36 +164,76 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     data, runs = f"s3://{BUCKET}/prepared", f"s3://{BUCKET}/runs"
     # the run directories on S3, the MLflow store a local SQLite file (the default one cannot be on S3)
     tracked = [f"run.output_dir={runs}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
-    prepare = ["data", "prepare", f"run.output_dir={tmp_path / 'runs'}", f"data.output={data}",
-               f"data.inputs=[s3://{BUCKET}/corpus]", "tokenizer.vocab_size=300", "data.eval_fraction=0.1",
-               "data.max_seq_length=64"]
-    pretrain = ["pretrain", *tracked, f"data.output={data}", "run.name=s3run", *TINY_MODEL, "scaling.num_workers=1",
-                "train.precision=fp32", "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=8",
-                "train.log_every=2", "train.eval_every=3", "train.checkpoint_every=3", "train.eval_batches=2",
-                "train.max_failures=0"]
+    prepare = [
+        "data",
+        "prepare",
+        f"run.output_dir={tmp_path / 'runs'}",
+        f"data.output={data}",
+        f"data.inputs=[s3://{BUCKET}/corpus]",
+        "tokenizer.vocab_size=300",
+        "data.eval_fraction=0.1",
+        "data.max_seq_length=64",
+    ]
+    pretrain = [
+        "pretrain",
+        *tracked,
+        f"data.output={data}",
+        "run.name=s3run",
+        *TINY_MODEL,
+        "scaling.num_workers=1",
+        "train.precision=fp32",
+        "train.max_steps=6",
+        "train.warmup_steps=1",
+        "train.batch_size=8",
+        "train.log_every=2",
+        "train.eval_every=3",
+        "train.checkpoint_every=3",
+        "train.eval_batches=2",
+        "train.max_failures=0",
+    ]
     # relaunched longer: it resumes from the checkpoint of step 6 on S3 (the longer schedule recorded in MLflow)
     relaunch = [a for a in pretrain[1:] if not a.startswith("train.max_steps")] + [
-        "train.max_steps=9", "run.resume_changes=allow"]
-    for name, rows, write in (("train.csv", single_rows(64, seed=1), write_csv),
-                              ("dev.jsonl", single_rows(32, seed=2), write_jsonl)):
+        "train.max_steps=9",
+        "run.resume_changes=allow",
+    ]
+    for name, rows, write in (
+        ("train.csv", single_rows(64, seed=1), write_csv),
+        ("dev.jsonl", single_rows(32, seed=2), write_jsonl),
+    ):
         s3.put_object(Bucket=BUCKET, Key=f"task/{name}", Body=write(tmp_path / name, rows).read_bytes())
-    finetune = ["finetune", *tracked, "run.name=s3finetune",
-                f"model.init_from={runs}/s3run/model", f"data.train=s3://{BUCKET}/task/train.csv",
-                f"data.dev=s3://{BUCKET}/task/dev.jsonl", "data.max_seq_length=32", "finetune.epochs=1",
-                "scaling.num_workers=1", "train.batch_size=16", "train.precision=fp32", "train.eval_every=100"]
+    finetune = [
+        "finetune",
+        *tracked,
+        "run.name=s3finetune",
+        f"model.init_from={runs}/s3run/model",
+        f"data.train=s3://{BUCKET}/task/train.csv",
+        f"data.dev=s3://{BUCKET}/task/dev.jsonl",
+        "data.max_seq_length=32",
+        "finetune.epochs=1",
+        "scaling.num_workers=1",
+        "train.batch_size=16",
+        "train.precision=fp32",
+        "train.eval_every=100",
+    ]
     # the commands in one process, its own local Ray: the session Ray's workers were started without the
     # AWS_* variables, and a job's workers take credentials from their environment as a cluster's nodes do
-    script = ("import sys\nfrom albert_dist.cli import main\nfrom albert_dist.config import PretrainJobConfig, "
-              "load_config\nfrom albert_dist.pretrain import pretrain\n"
-              f"assert not (main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))\n"
-              f"outcome = pretrain(load_config(PretrainJobConfig, None, {relaunch!r}))\n"
-              "print('relaunch:', outcome.metrics['step'], outcome.metrics['resumed_from_step'], outcome.model_dir)\n"
-              f"sys.exit(main({cli_args(finetune)!r}))")
+    script = (
+        "import sys\nfrom albert_dist.cli import main\nfrom albert_dist.config import PretrainJobConfig, "
+        "load_config\nfrom albert_dist.pretrain import pretrain\n"
+        f"assert not (main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))\n"
+        f"outcome = pretrain(load_config(PretrainJobConfig, None, {relaunch!r}))\n"
+        "print('relaunch:', outcome.metrics['step'], outcome.metrics['resumed_from_step'], outcome.model_dir)\n"
+        f"sys.exit(main({cli_args(finetune)!r}))"
+    )
     staging = tmp_path / "staging"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} | s3_env | {
-        "ALBERT_DIST_STAGING": str(staging)}
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=900)
+    env = (
+        {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+        | s3_env
+        | {"ALBERT_DIST_STAGING": str(staging)}
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "done: step 6" in out.stdout
     assert f"relaunch: 9 6.0 {runs}/s3run/model" in out.stdout  # resumed from the checkpoint of step 6 on S3
@@ -166,8 +243,11 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     assert (staging / "s3" / BUCKET / "runs" / "s3run" / "driver.lock").is_file()
 
     # on the server: the dataset, its shards exactly as the manifest records them, nothing left of the upload
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="prepared/")["Contents"]
-            if not o["Key"].endswith("/")}  # directory markers
+    keys = {
+        o["Key"]
+        for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="prepared/")["Contents"]
+        if not o["Key"].endswith("/")
+    }  # directory markers
     manifest = json.loads(s3.get_object(Bucket=BUCKET, Key="prepared/manifest.json")["Body"].read())
     shards = [s for split in ("train", "eval") for s in manifest["splits"][split]["shards"]]
     data_keys = {"prepared/manifest.json", *(f"prepared/{s['path']}" for s in shards)}
@@ -192,23 +272,31 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     # best and final models each with its published.json written last
     def objects(prefix: str) -> dict[str, bytes]:
         listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
-        return {o["Key"][len(prefix):]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
-                for o in listed if not o["Key"].endswith("/")}
+        return {
+            o["Key"][len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
+            for o in listed
+            if not o["Key"].endswith("/")
+        }
 
     stored = objects("runs/s3run/")
     assert stored["mlflow_run_id"].decode().strip() == run.info.run_id
-    checkpoints = {key.split("/")[2] for key in stored if key.startswith("ray/s3run/checkpoint_") and
-                   key.count("/") > 2}
+    checkpoints = {
+        key.split("/")[2] for key in stored if key.startswith("ray/s3run/checkpoint_") and key.count("/") > 2
+    }
     assert len(checkpoints) >= 2 and all(f"ray/s3run/{c}/manifest.json" in stored for c in checkpoints)
     steps = {json.loads(stored[f"ray/s3run/{c}/manifest.json"])["step"] for c in checkpoints}
     assert 9 in steps and 6 in steps
     assert json.loads(stored["ray/s3run/tracked_metrics.json"]) | {"pending": []} == {
-        "run_id": run.info.run_id, "last_step": 9, "pending": []}
+        "run_id": run.info.run_id,
+        "last_step": 9,
+        "pending": [],
+    }
     for model in ("model", "best_model"):
         published = json.loads(stored[f"{model}/published.json"])["files"]
         assert {"config.json", "model.safetensors", "spiece.model"} <= set(published)
-        assert all(hashlib.sha256(stored[f"{model}/{name}"]).hexdigest() == digest
-                   for name, digest in published.items())
+        assert all(
+            hashlib.sha256(stored[f"{model}/{name}"]).hexdigest() == digest for name, digest in published.items()
+        )
     logged = json.dumps([run.data.params, run.data.tags]) + out.stdout + out.stderr
     assert s3_env["AWS_SECRET_ACCESS_KEY"] not in logged
     assert not any(s3_env["AWS_SECRET_ACCESS_KEY"].encode() in body for body in stored.values())
@@ -222,8 +310,11 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     assert s3_env["AWS_SECRET_ACCESS_KEY"] not in json.dumps([tuned.data.params, tuned.data.tags])
     tuned_model = objects("runs/s3finetune/model/")
     assert {"model.safetensors", "published.json"} <= set(tuned_model)
-    assert stored["model/spiece.model"] == tuned_model["spiece.model"] == \
-        s3.get_object(Bucket=BUCKET, Key="prepared/tokenizer/spiece.model")["Body"].read()
+    assert (
+        stored["model/spiece.model"]
+        == tuned_model["spiece.model"]
+        == s3.get_object(Bucket=BUCKET, Key="prepared/tokenizer/spiece.model")["Body"].read()
+    )
 
     # a shard changed on the server after preparation is caught before any training
     for key, value in s3_env.items():
@@ -287,7 +378,9 @@ def test_upload_replaces_the_old_dataset_whole(tmp_path):
     (stage / MANIFEST).write_text("new")
     upload_dir(stage, f"file://{target}", last=MANIFEST)
     assert sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()) == [
-        MANIFEST, "train/part-00000.parquet"]
+        MANIFEST,
+        "train/part-00000.parquet",
+    ]
     assert (target / MANIFEST).read_text() == "new"
 
 
@@ -300,8 +393,10 @@ def test_a_directory_published_to_a_uri_is_fetched_whole_or_refused(tmp_path, mo
 
     monkeypatch.setenv("ALBERT_DIST_STAGING", str(tmp_path / "staging"))
     uri = f"file://{tmp_path}/bucket/run/model"
-    publish_dir(uri, lambda d: [(d / "config.json").write_text("{}"), (d / "sub").mkdir(),
-                                (d / "sub" / "w.bin").write_bytes(b"v1")])
+    publish_dir(
+        uri,
+        lambda d: [(d / "config.json").write_text("{}"), (d / "sub").mkdir(), (d / "sub" / "w.bin").write_bytes(b"v1")],
+    )
     local = fetch_dir(uri)
     assert local == tmp_path / "staging" / "file" / str(tmp_path).strip("/") / "bucket" / "run" / "model"
     assert (local / "sub" / "w.bin").read_bytes() == b"v1" and (local / PUBLISHED).is_file()

@@ -26,15 +26,19 @@ s3_env = test_s3.s3_env  # the moto server (a module's fixture: this module gets
 
 
 def objects(s3, prefix: str) -> dict[str, bytes]:
-    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-            for o in page.get("Contents", []) if not o["Key"].endswith("/")]
-    return {key[len(prefix):]: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in keys}
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        for o in page.get("Contents", [])
+        if not o["Key"].endswith("/")
+    ]
+    return {key[len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in keys}
 
 
 def verified_checkpoints(stored: dict[str, bytes], run: str) -> dict[str, int]:
     """Each checkpoint of `run` stored on the server (name: step), every file checked against its manifest."""
     prefix = f"ray/{run}/"
-    names = {key[len(prefix):].split("/")[0] for key in stored if key.startswith(prefix + "checkpoint_")}
+    names = {key[len(prefix) :].split("/")[0] for key in stored if key.startswith(prefix + "checkpoint_")}
     steps = {}
     for name in names:
         manifest = json.loads(stored[f"{prefix}{name}/manifest.json"])
@@ -47,21 +51,47 @@ def verified_checkpoints(stored: dict[str, bytes], run: str) -> dict[str, int]:
 def run_jobs(env: dict[str, str], proxy: FaultProxy, tmp_path, commands: list[list[str]]):
     """The albert-dist commands, one after the other in one process with its own local Ray, the S3 client
     pointed at the proxy."""
-    script = ("import sys\nfrom albert_dist.cli import main\n"
-              f"for args in {[cli_args(c) for c in commands]!r}:\n    code = main(args)\n"
-              "    if code:\n        sys.exit(code)\n")
-    job_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")} | env | {
-        "AWS_ENDPOINT_URL": proxy.url, "ALBERT_DIST_STAGING": str(tmp_path / "staging"), RETRY_ENV: str(BUDGET_S)}
-    return subprocess.run([sys.executable, "-c", script], env=job_env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=1200, check=False)
+    script = (
+        "import sys\nfrom albert_dist.cli import main\n"
+        f"for args in {[cli_args(c) for c in commands]!r}:\n    code = main(args)\n"
+        "    if code:\n        sys.exit(code)\n"
+    )
+    job_env = (
+        {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+        | env
+        | {"AWS_ENDPOINT_URL": proxy.url, "ALBERT_DIST_STAGING": str(tmp_path / "staging"), RETRY_ENV: str(BUDGET_S)}
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        env=job_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
 
 
 def pretrain(tmp_path, run: str, steps: int, *more: str) -> list[str]:
-    return ["pretrain", f"run.output_dir=s3://{BUCKET}/runs", f"run.name={run}",
-            f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"data.output=s3://{BUCKET}/prepared",
-            *TINY_MODEL, "scaling.num_workers=1", "train.precision=fp32", f"train.max_steps={steps}",
-            "train.warmup_steps=1", "train.batch_size=8", "train.log_every=2", "train.eval_every=10",
-            "train.checkpoint_every=10", "train.eval_batches=2", "train.max_failures=0", *more]
+    return [
+        "pretrain",
+        f"run.output_dir=s3://{BUCKET}/runs",
+        f"run.name={run}",
+        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"data.output=s3://{BUCKET}/prepared",
+        *TINY_MODEL,
+        "scaling.num_workers=1",
+        "train.precision=fp32",
+        f"train.max_steps={steps}",
+        "train.warmup_steps=1",
+        "train.batch_size=8",
+        "train.log_every=2",
+        "train.eval_every=10",
+        "train.checkpoint_every=10",
+        "train.eval_batches=2",
+        "train.max_failures=0",
+        *more,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +107,23 @@ def prepared(s3_env, stdlib_corpus, tmp_path_factory):
     proxy.force(lambda method, path: method == "GET" and "/corpus/" in path, "slowdown")
     proxy.force(lambda method, path: method in ("PUT", "POST") and "/prepared/" in path, "reset")
     try:
-        out = run_jobs(s3_env, proxy, tmp_path, [[
-            "data", "prepare", f"run.output_dir={tmp_path / 'runs'}", f"data.output=s3://{BUCKET}/prepared",
-            f"data.inputs=[s3://{BUCKET}/corpus]", "tokenizer.vocab_size=300", "data.eval_fraction=0.1",
-            "data.max_seq_length=64"]])
+        out = run_jobs(
+            s3_env,
+            proxy,
+            tmp_path,
+            [
+                [
+                    "data",
+                    "prepare",
+                    f"run.output_dir={tmp_path / 'runs'}",
+                    f"data.output=s3://{BUCKET}/prepared",
+                    f"data.inputs=[s3://{BUCKET}/corpus]",
+                    "tokenizer.vocab_size=300",
+                    "data.eval_fraction=0.1",
+                    "data.max_seq_length=64",
+                ]
+            ],
+        )
     finally:
         proxy.close()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -115,11 +158,14 @@ def test_training_rides_out_a_flaky_store_then_two_refusal_windows(s3_env, prepa
         proxy.after(lambda method, path: path.endswith("/runs/flaky/mlflow_run_id"), refuse, any_status=True)
         proxy.after(lambda method, path: method == "PUT" and "/ray/flaky/checkpoint_" in path, refuse)
 
-    proxy.after(lambda method, path: method == "PUT" and path.endswith("/runs/flaky/model/published.json"),
-                relaunching)
+    proxy.after(lambda method, path: method == "PUT" and path.endswith("/runs/flaky/model/published.json"), relaunching)
     try:
-        out = run_jobs(s3_env, proxy, tmp_path, [pretrain(tmp_path, "flaky", 20),
-                                                  pretrain(tmp_path, "flaky", 40, "run.resume_changes=allow")])
+        out = run_jobs(
+            s3_env,
+            proxy,
+            tmp_path,
+            [pretrain(tmp_path, "flaky", 20), pretrain(tmp_path, "flaky", 40, "run.resume_changes=allow")],
+        )
     finally:
         proxy.close()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -142,11 +188,13 @@ def test_training_rides_out_a_flaky_store_then_two_refusal_windows(s3_env, prepa
     for model in ("model", "best_model"):
         published = json.loads(stored[f"{model}/published.json"])["files"]
         assert {"config.json", "model.safetensors", "spiece.model"} <= set(published)
-        assert all(hashlib.sha256(stored[f"{model}/{name}"]).hexdigest() == digest
-                   for name, digest in published.items())
+        assert all(
+            hashlib.sha256(stored[f"{model}/{name}"]).hexdigest() == digest for name, digest in published.items()
+        )
     run_id = stored["mlflow_run_id"].decode().strip()
-    assert [m.step for m in MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(run_id, "loss")] \
-        == list(range(2, 41, 2))
+    assert [
+        m.step for m in MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(run_id, "loss")
+    ] == list(range(2, 41, 2))
     assert json.loads(stored["ray/flaky/tracked_metrics.json"])["pending"] == []
 
 
@@ -162,8 +210,9 @@ def test_credentials_refused_mid_run_stop_it_with_one_message_and_keep_the_last_
         revoked.append(time.monotonic())
         proxy.deny = True
 
-    proxy.after(lambda method, path: method == "PUT" and path.endswith("/ray/revoked/checkpoint_manager_snapshot.json"),
-                revoke)
+    proxy.after(
+        lambda method, path: method == "PUT" and path.endswith("/ray/revoked/checkpoint_manager_snapshot.json"), revoke
+    )
     try:
         out = run_jobs(s3_env, proxy, tmp_path, [pretrain(tmp_path, "revoked", 30)])
     finally:
@@ -172,7 +221,7 @@ def test_credentials_refused_mid_run_stop_it_with_one_message_and_keep_the_last_
     assert revoked and proxy.outcomes(revoked[0]).get("denied", 0) >= 1
     [error] = [line for line in out.stderr.splitlines() if line.startswith("albert-dist: error:")]
     assert "the object store refused access to" in error and "ACCESS_DENIED" in error, error
-    assert "Traceback" not in out.stdout + out.stderr[out.stderr.index(error):]
+    assert "Traceback" not in out.stdout + out.stderr[out.stderr.index(error) :]
     assert 10 in verified_checkpoints(objects(prepared, "runs/revoked/"), "revoked").values()
 
 
@@ -195,8 +244,11 @@ def test_a_request_is_retried_for_the_budget_then_fails_in_one_line_naming_the_o
         assert proxy.outcomes().get("refused", 0) >= 3
         proxy.refuse_for(60)
         started = time.monotonic()
-        with pytest.raises(StorageError, match=rf"^the object store failed a request on {uri} after retrying for 12 "
-                                               rf"s at least \({RETRY_ENV}\): .*'state.json'.*SLOW_DOWN"):
+        with pytest.raises(
+            StorageError,
+            match=rf"^the object store failed a request on {uri} after retrying for 12 "
+            rf"s at least \({RETRY_ENV}\): .*'state.json'.*SLOW_DOWN",
+        ):
             publish_bytes(uri, b"never")
         assert 12 <= time.monotonic() - started < 60
         proxy.refuse_for(0)

@@ -14,8 +14,8 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -86,8 +86,11 @@ def probe_api(job: WatchedJob, line: str) -> None:
     token = Path(token_path).read_text().strip()
     job.token_file_mode = Path(token_path).stat().st_mode & 0o777
     api = f"{url}/api/jobs/"
-    job.api_status = {"none": http_status(api, None), "wrong": http_status(api, "not-" + token),
-                      "token": http_status(api, token)}
+    job.api_status = {
+        "none": http_status(api, None),
+        "wrong": http_status(api, "not-" + token),
+        "token": http_status(api, token),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -109,22 +112,60 @@ def watch_pretraining(job: WatchedJob) -> WatchedJob:
     the canary password, sampling its processes' listeners every second and probing its job API once it is up."""
     root = job.root
     corpus = root / "corpus.txt"
-    corpus.write_text("\n\n".join(f"Document {i} says one thing. Then it says another thing about {i * 7}. "
-                                  f"Finally it ends with number {i * 13}." for i in range(400)))
-    prepare_dataset(load_config(DataJobConfig, None, [
-        f"run.output_dir={root}", f"data.inputs=[{corpus}]", "data.format=blocks", "data.output=prepared",
-        "data.max_seq_length=64", "data.dupe_factor=1", "data.eval_fraction=0.1", "data.tokenizer_actors=1",
-        "tokenizer.vocab_size=200"]), log=lambda _: None)
-    args = [f"run.output_dir={root}", "run.name=watched", "data.output=prepared", "model.embedding_size=16",
-            "model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
-            "model.intermediate_size=64", "train.precision=fp32", "scaling.num_workers=2",
-            "scaling.cpus_per_worker=0.5", "train.max_steps=30", "train.warmup_steps=2", "train.batch_size=8",
-            "train.log_every=10", "train.eval_every=30", "train.checkpoint_every=30", "train.eval_batches=1"]
+    corpus.write_text(
+        "\n\n".join(
+            f"Document {i} says one thing. Then it says another thing about {i * 7}. "
+            f"Finally it ends with number {i * 13}."
+            for i in range(400)
+        )
+    )
+    prepare_dataset(
+        load_config(
+            DataJobConfig,
+            None,
+            [
+                f"run.output_dir={root}",
+                f"data.inputs=[{corpus}]",
+                "data.format=blocks",
+                "data.output=prepared",
+                "data.max_seq_length=64",
+                "data.dupe_factor=1",
+                "data.eval_fraction=0.1",
+                "data.tokenizer_actors=1",
+                "tokenizer.vocab_size=200",
+            ],
+        ),
+        log=lambda _: None,
+    )
+    args = [
+        f"run.output_dir={root}",
+        "run.name=watched",
+        "data.output=prepared",
+        "model.embedding_size=16",
+        "model.hidden_size=32",
+        "model.num_hidden_layers=1",
+        "model.num_attention_heads=2",
+        "model.intermediate_size=64",
+        "train.precision=fp32",
+        "scaling.num_workers=2",
+        "scaling.cpus_per_worker=0.5",
+        "train.max_steps=30",
+        "train.warmup_steps=2",
+        "train.batch_size=8",
+        "train.log_every=10",
+        "train.eval_every=30",
+        "train.checkpoint_every=30",
+        "train.eval_batches=1",
+    ]
     args.append("tracking.tracking_uri=" + job.tracking_uri.replace("://", f"://albert:{CANARY}@"))
-    proc = subprocess.Popen([sys.executable, "-m", "albert_dist.cli", "pretrain",
-                             *[a for arg in args for a in ("--set", arg)]],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "RAY_ADDRESS": "local", "RAY_TMPDIR": str(job.ray_tmp)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "albert_dist.cli", "pretrain", *[a for arg in args for a in ("--set", arg)]],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": "local", "RAY_TMPDIR": str(job.ray_tmp)},
+    )
 
     def read_output() -> None:
         for line in proc.stdout:
@@ -211,8 +252,9 @@ def test_a_password_in_the_tracking_uri_is_found_nowhere(watched_pretraining):
 
 
 def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True, capture_output=True
+    )
 
 
 def test_submit_uploads_what_git_tracks_and_the_config_only(tmp_path):
@@ -288,14 +330,28 @@ with run_lock(Path(sys.argv[1])):
 
 def test_a_second_driver_of_a_run_stops_naming_the_first(tmp_path):
     run_dir = tmp_path / "busy"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         for job in ("pretrain", "finetune", "distill"):  # each driver takes the lock before anything else
-            second = subprocess.run([sys.executable, "-m", "albert_dist.cli", job, "--set", "run.name=busy",
-                                     "--set", f"run.output_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
-                                    timeout=300)
+            second = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "albert_dist.cli",
+                    job,
+                    "--set",
+                    "run.name=busy",
+                    "--set",
+                    f"run.output_dir={tmp_path}",
+                ],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert second.returncode == 2, second.stderr[-3000:]
             assert f"the run {run_dir} is in use by pid {holder.pid} on " in second.stderr, second.stderr[-3000:]
             assert "Traceback" not in second.stderr

@@ -56,10 +56,12 @@ def _version(path: Path | str, dir_fd: int | None = None) -> int:
 
 def publish_then(kind: str, target: Path, then) -> multiprocessing.Process:
     """Another process publishing version 7 of `target` that calls `then()` once it has written it."""
+
     def run() -> None:
         def write(path: Path) -> None:
             write_version(path, 7, kind)
             then()
+
         (publish_dir if kind == "dir" else publish_file)(target, write)
 
     process = fork.Process(target=run)

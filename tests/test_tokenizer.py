@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+from chinese_helpers import zh_word_lines
 
 from albert_dist import tokenizer as tokenizer_module
 from albert_dist.errors import TokenizerError
@@ -20,7 +21,6 @@ from albert_dist.tokenizer import (
     train_wordpiece,
     truncate_longest_first,
 )
-from chinese_helpers import zh_word_lines
 
 transformers = pytest.importorskip("transformers")
 
@@ -80,6 +80,7 @@ def hf_english(english, tmp_path_factory):
 
 # ---- SentencePiece training ----
 
+
 def test_trained_model_has_albert_layout(english, english_dir):
     assert (english.pad_id, english.unk_id, english.cls_id, english.sep_id, english.mask_id) == (0, 1, 2, 3, 4)
     assert english.convert_ids_to_tokens(range(5)) == ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
@@ -97,10 +98,12 @@ def test_training_lowercases_and_strips_accents(english):
 
 def test_training_is_deterministic_and_samples(stdlib_corpus, tmp_path):
     messages: list[str] = []
-    a = train_sentencepiece(stdlib_corpus, tmp_path / "a", 500, input_sentence_size=300, seed=7,
-                            progress=messages.append)
-    b = train_sentencepiece(stdlib_corpus, tmp_path / "b", 500, input_sentence_size=300, seed=7,
-                            progress=lambda _: None)
+    a = train_sentencepiece(
+        stdlib_corpus, tmp_path / "a", 500, input_sentence_size=300, seed=7, progress=messages.append
+    )
+    b = train_sentencepiece(
+        stdlib_corpus, tmp_path / "b", 500, input_sentence_size=300, seed=7, progress=lambda _: None
+    )
     assert (a.parent / "spiece.vocab").read_bytes() == (b.parent / "spiece.vocab").read_bytes()
     assert any(m.startswith("sentencepiece: training on 300 of ") for m in messages)
 
@@ -123,8 +126,7 @@ def test_chinese_sentencepiece_training(tmp_path):
     corpus = tmp_path / "zh.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
-    model = train_sentencepiece(corpus, tmp_path / "zh", 1000, character_coverage=0.9995,
-                                progress=lambda _: None)
+    model = train_sentencepiece(corpus, tmp_path / "zh", 1000, character_coverage=0.9995, progress=lambda _: None)
     tok = load_tokenizer(model)
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
     ids = tok.encode(lines[0])
@@ -133,6 +135,7 @@ def test_chinese_sentencepiece_training(tmp_path):
 
 
 # ---- parity with transformers ----
+
 
 @pytest.fixture(scope="module")
 def raw_sp(english_dir):
@@ -177,7 +180,7 @@ def test_ids_match_transformers_v5(english, hf_english, raw_sp, text):
         assert english.encode(text) == hf_english.convert_tokens_to_ids(_google_encode_pieces(hf_pieces, raw_sp))
     else:  # v5 has no "▁" piece before a user-defined symbol that follows a space
         ours = english.tokenize(text)
-        assert ["\u2581", "("] == ours[ours.index("(") - 1: ours.index("(") + 1]
+        assert ["\u2581", "("] == ours[ours.index("(") - 1 : ours.index("(") + 1]
         assert hf_pieces[hf_pieces.index("(") - 1] != "\u2581"
 
 
@@ -190,20 +193,29 @@ def test_autotokenizer_from_model_dir_matches(english, english_dir):
 @pytest.mark.parametrize("pair", PAIRS)
 def test_pairs_match_transformers(english, hf_english, pair, max_length):
     ours = english.encode_pair(*pair, max_length=max_length)
-    theirs = hf_english(*pair, truncation="longest_first" if max_length else False, max_length=max_length,
-                        return_token_type_ids=True)
+    theirs = hf_english(
+        *pair, truncation="longest_first" if max_length else False, max_length=max_length, return_token_type_ids=True
+    )
     assert ours == {k: theirs[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
 def test_batch_matches_transformers(english, hf_english):
     texts, pairs = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
     ours = english.batch_encode(texts, pairs, max_length=24, pad_to_multiple_of=8)
-    theirs = hf_english(texts, pairs, truncation=True, max_length=24, padding="longest", pad_to_multiple_of=8,
-                        return_token_type_ids=True)
+    theirs = hf_english(
+        texts,
+        pairs,
+        truncation=True,
+        max_length=24,
+        padding="longest",
+        pad_to_multiple_of=8,
+        return_token_type_ids=True,
+    )
     assert ours == {k: theirs[k] for k in ours}
 
 
 # ---- model inputs ----
+
 
 def test_pair_layout(english):
     a, b = english.encode("hello world"), english.encode("the second one")
@@ -259,8 +271,13 @@ def test_pickle_round_trip(english):
 
 # ---- WordPiece (Chinese vocab.txt) ----
 
-ZH_TEXTS = ["我们在北京学习中文。", "今天天气很好！Hello, WORLD?", "中文和English混合，还有未知字符：龘。",
-            "Tokenizer 的 tokenization 很重要", "naïve  中国  résumé"]
+ZH_TEXTS = [
+    "我们在北京学习中文。",
+    "今天天气很好！Hello, WORLD?",
+    "中文和English混合，还有未知字符：龘。",
+    "Tokenizer 的 tokenization 很重要",
+    "naïve  中国  résumé",
+]
 
 
 @pytest.fixture(scope="module")
@@ -309,6 +326,7 @@ def test_wordpiece_pickle(chinese):
 
 # ---- native encoders over thousands of real lines ----
 
+
 @pytest.fixture(scope="module")
 def real_lines(stdlib_corpus):
     """2,000 lines of standard-library docstrings and 2,000 of Chinese words mixed with full-width punctuation and
@@ -354,11 +372,17 @@ def test_sentencepiece_batch_gives_the_per_line_ids(english, raw_sp, real_lines)
         pieces = _google_encode_pieces(raw_sp.encode(albert_preprocess(line), out_type=str), raw_sp)
         expected.append((pieces, [raw_sp.piece_to_id(p) for p in pieces]))
     assert english.tokenize_batch(real_lines) == expected
-    assert sum(pieces != raw_sp.encode(albert_preprocess(line), out_type=str)
-               for line, (pieces, _) in zip(real_lines, expected)) > 10  # digit-comma re-splits happen
+    assert (
+        sum(
+            pieces != raw_sp.encode(albert_preprocess(line), out_type=str)
+            for line, (pieces, _) in zip(real_lines, expected)
+        )
+        > 10
+    )  # digit-comma re-splits happen
 
 
 # ---- errors ----
+
 
 def test_missing_input_file(tmp_path):
     missing = tmp_path / "nope.txt"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from mlflow_server import free_port, start_server, stop_server
 
 from albert_dist import tracking
 from albert_dist.metrics_log import MetricsLogger
-from mlflow_server import free_port, start_server, stop_server
 
 
 @pytest.fixture
@@ -59,8 +59,9 @@ def test_metrics_a_dead_worker_left_pending_are_sent_by_the_next_logger_and_not_
     """The logger's state file keeps what the server did not get; a restarted worker's logger sends it, and does
     not log again the steps it trains a second time after resuming from its checkpoint, without asking the
     server (which may still be down when the worker restarts)."""
-    from albert_dist.metrics_log import send_left_behind
     from mlflow_server import free_port
+
+    from albert_dist.metrics_log import send_left_behind
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -154,14 +155,16 @@ def store(tmp_path_factory):
 def job_config(store: str, tmp_path, name: str):
     from albert_dist.config import PretrainJobConfig
 
-    return PretrainJobConfig.model_validate({"run": {"name": name, "output_dir": str(tmp_path / "runs")},
-                                             "tracking": {"tracking_uri": store}})
+    return PretrainJobConfig.model_validate(
+        {"run": {"name": name, "output_dir": str(tmp_path / "runs")}, "tracking": {"tracking_uri": store}}
+    )
 
 
 def test_job_run_ends_finished_and_a_relaunch_resumes_the_same_run(store, tmp_path):
     cfg = job_config(store, tmp_path, "ok")
-    with tracking.job_run(cfg, "pretrain", tags={"albert_dist.source_model": "m"},
-                          extra_params={"world_size": 2}) as run:
+    with tracking.job_run(
+        cfg, "pretrain", tags={"albert_dist.source_model": "m"}, extra_params={"world_size": 2}
+    ) as run:
         client = tracking._client(run.uri)
         assert client.get_run(run.run_id).info.status == "RUNNING"
     first = client.get_run(run.run_id)
@@ -230,9 +233,10 @@ def test_metrics_the_store_refuses_for_good_are_dropped_not_retried_forever(tmp_
 
 def test_a_job_says_where_its_run_is_without_the_stores_credentials():
     server = tracking.where_to_find("https://alice:s3cret@mlflow.example:5000", "abc123")
-    assert server.splitlines() == ["MLflow run abc123 at https://***@mlflow.example:5000",
-                                   "MLflow UI: open https://***@mlflow.example:5000 (through an SSH tunnel or "
-                                   "port-forward when it is remote)"]
+    assert server.splitlines() == [
+        "MLflow run abc123 at https://***@mlflow.example:5000",
+        "MLflow UI: open https://***@mlflow.example:5000 (through an SSH tunnel or port-forward when it is remote)",
+    ]
     local = tracking.where_to_find("sqlite:////runs/mlflow.db", "abc123")
     assert local.endswith("mlflow ui --backend-store-uri sqlite:////runs/mlflow.db --host 127.0.0.1 --port 5000")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from finetune_helpers import single_rows, tiny_model_dir, write_csv
 
 from albert_dist.config import load_config, validate_config
 from albert_dist.errors import ConfigError
@@ -22,7 +23,6 @@ from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig
 from albert_dist.tune.mlflow_runs import PARENT_TAG, TRIAL_TAG
 from albert_dist.tune.report import OUTCOME_FILE
 from albert_dist.tune.sweep import run_sweep
-from finetune_helpers import single_rows, tiny_model_dir, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,12 +48,20 @@ def sweep_raw(root: Path, name: str, **fields) -> dict:
         "train": {"precision": "fp32", "batch_size": 16, "eval_every": 4, "log_every": 4, "checkpoint_every": 4},
         "tracking": {"tracking_uri": f"sqlite:///{root}/mlflow.db", "experiment": "sweeps"},
     }
-    return {"job": job, "run": {"name": name, "output_dir": str(root / "sweeps")},
-            "search_space": {"train.learning_rate": {"loguniform": [1e-5, 3e-3]},
-                             "finetune.warmup_ratio": {"uniform": [0.0, 0.3]}},
-            "metric": "eval_loss", "num_samples": 6, "max_concurrent_trials": 2,
-            "resources_per_trial": {"num_workers": 1, "cpu": 0.5},
-            "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2}, **fields}
+    return {
+        "job": job,
+        "run": {"name": name, "output_dir": str(root / "sweeps")},
+        "search_space": {
+            "train.learning_rate": {"loguniform": [1e-5, 3e-3]},
+            "finetune.warmup_ratio": {"uniform": [0.0, 0.3]},
+        },
+        "metric": "eval_loss",
+        "num_samples": 6,
+        "max_concurrent_trials": 2,
+        "resources_per_trial": {"num_workers": 1, "cpu": 0.5},
+        "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2},
+        **fields,
+    }
 
 
 def children(uri: str, parent_id: str):
@@ -80,14 +88,24 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
     for row in rows:
         started = re.search(rf"sweep: trial {row['trial_id']} started \(train.learning_rate=(\S+), ", out)
         assert started and float(started.group(1)) == pytest.approx(row["train.learning_rate"], rel=1e-3)
-        assert re.search(rf"sweep: trial {row['trial_id']} ended after {row['evaluations']} evaluation\(s\), best "
-                         rf"eval_loss {row['eval_loss']:.4g} \(\d/6 trials\)", out), out
+        assert re.search(
+            rf"sweep: trial {row['trial_id']} ended after {row['evaluations']} evaluation\(s\), best "
+            rf"eval_loss {row['eval_loss']:.4g} \(\d/6 trials\)",
+            out,
+        ), out
     rows = outcome.rows
     assert len(rows) == 6
-    metric_columns = [c for c in rows[0] if c not in ("trial_id", "evaluations", "status", "stop_reason")
-                      and c not in cfg.search_space]
-    assert metric_columns[0] == "eval_loss" and set(metric_columns) == {"eval_loss", "eval_accuracy", "eval_f1",
-                                                                        "eval_mcc"}
+    metric_columns = [
+        c
+        for c in rows[0]
+        if c not in ("trial_id", "evaluations", "status", "stop_reason") and c not in cfg.search_space
+    ]
+    assert metric_columns[0] == "eval_loss" and set(metric_columns) == {
+        "eval_loss",
+        "eval_accuracy",
+        "eval_f1",
+        "eval_mcc",
+    }
     reasons = [r["stop_reason"] for r in rows]
     assert "early-stopped" in reasons and "completed" in reasons and "error" not in reasons
     early = [r for r in rows if r["stop_reason"] == "early-stopped"]
@@ -110,7 +128,10 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
     assert child_best[best_id] == min(child_best.values())
     assert float(parent.data.tags["albert_dist.best_eval_loss"]) == pytest.approx(child_best[best_id])
     assert {a.path for a in client.list_artifacts(outcome.parent_run_id)} >= {
-        "trials.csv", "trials.png", "best_finetune.yaml"}
+        "trials.csv",
+        "trials.png",
+        "best_finetune.yaml",
+    }
     # the best model is the parent's MLflow model and the only registered version; trials register none
     versions = client.search_model_versions("name='asha-best'")
     assert [v.run_id for v in versions] == [outcome.parent_run_id]
@@ -130,31 +151,49 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_se
     from albert_dist.tracking import RUN_ID_FILE
 
     # one trial at a time: the kill lands between a finished trial and a started one without racing a third
-    raw = sweep_raw(workspace, "resumed", num_samples=2, max_concurrent_trials=1, search_alg="random",
-                    scheduler={"kind": "none"})
+    raw = sweep_raw(
+        workspace, "resumed", num_samples=2, max_concurrent_trials=1, search_alg="random", scheduler={"kind": "none"}
+    )
     config_file = tmp_path / "sweep.yaml"
     config_file.write_text(yaml.safe_dump(raw))
     sweep_dir = workspace / "sweeps" / "resumed"
     # Tune saves its experiment state every few seconds here rather than on its adaptive period (which grows to
     # minutes on a loaded machine), so the first finished trial is on record soon after it ends
-    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "TUNE_GLOBAL_CHECKPOINT_S": "2"}
-    script = ("import sys; from albert_dist.config import load_config; from albert_dist.tune.config import "
-              "FinetuneTuneConfig; from albert_dist.tune.sweep import run_sweep; "
-              "run_sweep(load_config(FinetuneTuneConfig, sys.argv[1]))")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(config_file)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+        "TUNE_GLOBAL_CHECKPOINT_S": "2",
+    }
+    script = (
+        "import sys; from albert_dist.config import load_config; from albert_dist.tune.config import "
+        "FinetuneTuneConfig; from albert_dist.tune.sweep import run_sweep; "
+        "run_sweep(load_config(FinetuneTuneConfig, sys.argv[1]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(config_file)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     def started_unfinished() -> set[str]:
         """Trials that opened their MLflow run, which the saved state records but not as finished."""
         saved = trials_in_state(sweep_dir)
-        return {p.parent.name for p in sweep_dir.glob(f"trials/*/{RUN_ID_FILE}")
-                if saved.get(p.parent.name, "TERMINATED") != "TERMINATED"}
+        return {
+            p.parent.name
+            for p in sweep_dir.glob(f"trials/*/{RUN_ID_FILE}")
+            if saved.get(p.parent.name, "TERMINATED") != "TERMINATED"
+        }
 
     try:
         deadline = time.time() + 600  # trials start slowly on a loaded machine
-        while not (finished_in_state(sweep_dir) and started_unfinished()) and time.time() < deadline \
-                and proc.poll() is None:
+        while (
+            not (finished_in_state(sweep_dir) and started_unfinished())
+            and time.time() < deadline
+            and proc.poll() is None
+        ):
             time.sleep(0.5)
         assert proc.poll() is None, "the sweep ended before it could be killed"
         finished_before, interrupted = finished_in_state(sweep_dir), started_unfinished()
@@ -192,28 +231,46 @@ def test_distillation_sweep_applies_student_shape_and_distill_weights(workspace,
     teacher = workspace / "teacher"  # a classifier with its tokenizer: what fine-tuning writes
     tokenizer = load_tokenizer(workspace / "model")
     torch.manual_seed(0)
-    config = AlbertConfig.from_json_file(workspace / "model" / "config.json", id2label={0: "no", 1: "yes"},
-                                         label2id={"no": 0, "yes": 1})
+    config = AlbertConfig.from_json_file(
+        workspace / "model" / "config.json", id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1}
+    )
     AlbertForSequenceClassification(config).save_pretrained(teacher)
     tokenizer.save(teacher)
-    job = {"run": {"name": "student", "output_dir": str(workspace / "runs")},
-           "distill": {"teacher": str(teacher), "speed_repeats": 1},
-           "data": {"train": str(workspace / "train.csv"), "dev": str(workspace / "dev.csv"), "max_seq_length": 32},
-           "finetune": {"epochs": 1}, "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
-           "train": {"precision": "fp32", "batch_size": 32, "eval_every": 4, "log_every": 4, "checkpoint_every": 4},
-           "tracking": {"tracking_uri": f"sqlite:///{workspace}/mlflow.db", "experiment": "distill-sweeps"}}
-    cfg = validate_config(DistillTuneConfig, {
-        "job": job, "run": {"name": "distill", "output_dir": str(workspace / "sweeps")},
-        "search_space": {"student.num_hidden_layers": {"choice": [1, 2]}, "distill.temperature": {"uniform": [1, 4]},
-                         "distill.alpha": {"uniform": [0.2, 0.8]}},
-        "metric": "eval_accuracy", "mode": "max", "num_samples": 2, "max_concurrent_trials": 2,
-        "resources_per_trial": {"num_workers": 1, "cpu": 0.5}, "search_alg": "random", "scheduler": {"kind": "none"}})
+    job = {
+        "run": {"name": "student", "output_dir": str(workspace / "runs")},
+        "distill": {"teacher": str(teacher), "speed_repeats": 1},
+        "data": {"train": str(workspace / "train.csv"), "dev": str(workspace / "dev.csv"), "max_seq_length": 32},
+        "finetune": {"epochs": 1},
+        "scaling": {"num_workers": 1, "cpus_per_worker": 0.5},
+        "train": {"precision": "fp32", "batch_size": 32, "eval_every": 4, "log_every": 4, "checkpoint_every": 4},
+        "tracking": {"tracking_uri": f"sqlite:///{workspace}/mlflow.db", "experiment": "distill-sweeps"},
+    }
+    cfg = validate_config(
+        DistillTuneConfig,
+        {
+            "job": job,
+            "run": {"name": "distill", "output_dir": str(workspace / "sweeps")},
+            "search_space": {
+                "student.num_hidden_layers": {"choice": [1, 2]},
+                "distill.temperature": {"uniform": [1, 4]},
+                "distill.alpha": {"uniform": [0.2, 0.8]},
+            },
+            "metric": "eval_accuracy",
+            "mode": "max",
+            "num_samples": 2,
+            "max_concurrent_trials": 2,
+            "resources_per_trial": {"num_workers": 1, "cpu": 0.5},
+            "search_alg": "random",
+            "scheduler": {"kind": "none"},
+        },
+    )
     outcome = run_sweep(cfg)
 
     assert len(outcome.rows) == 2 and all(r["stop_reason"] == "completed" for r in outcome.rows)
     for row in outcome.rows:  # the student each trial trained has the depth its parameters asked for
-        model_config = json.loads((workspace / "sweeps" / "distill" / "trials" / row["trial_id"] / "model" /
-                                   "config.json").read_text())
+        model_config = json.loads(
+            (workspace / "sweeps" / "distill" / "trials" / row["trial_id"] / "model" / "config.json").read_text()
+        )
         assert model_config["num_hidden_layers"] == row["student.num_hidden_layers"]
     client, runs = children(outcome.tracking_uri, outcome.parent_run_id)
     assert len(runs) == 2
@@ -246,17 +303,19 @@ def finished_in_state(sweep_dir: Path) -> set[str]:
     return {trial for trial, status in trials_in_state(sweep_dir).items() if status == "TERMINATED"}
 
 
-@pytest.mark.parametrize("space, message", [
-    ({"train.learning_rate": {"loguniform": [-1e-5, 1e-3]}}, "train.learning_rate: loguniform bounds must be > 0"),
-    ({"train.learning_rate": {"uniform": [-1e-5, 1e-3]}}, "train.learning_rate=-1e-05 is rejected"),
-    ({"finetune.warmup_ratio": {"lognormal": [0.0, 0.1]}}, "unknown distribution 'lognormal'"),
-    ({"train.learning_rat": {"uniform": [1e-5, 1e-3]}}, "train.learning_rat: not a field of FinetuneJobConfig"),
-    ({"finetune.epochs": {"uniform": [3, 1]}}, "lo < hi"),
-    ({"train.batch_size": {"choice": [16, 0]}}, "train.batch_size=0 is rejected"),
-])
+@pytest.mark.parametrize(
+    "space, message",
+    [
+        ({"train.learning_rate": {"loguniform": [-1e-5, 1e-3]}}, "train.learning_rate: loguniform bounds must be > 0"),
+        ({"train.learning_rate": {"uniform": [-1e-5, 1e-3]}}, "train.learning_rate=-1e-05 is rejected"),
+        ({"finetune.warmup_ratio": {"lognormal": [0.0, 0.1]}}, "unknown distribution 'lognormal'"),
+        ({"train.learning_rat": {"uniform": [1e-5, 1e-3]}}, "train.learning_rat: not a field of FinetuneJobConfig"),
+        ({"finetune.epochs": {"uniform": [3, 1]}}, "lo < hi"),
+        ({"train.batch_size": {"choice": [16, 0]}}, "train.batch_size=0 is rejected"),
+    ],
+)
 def test_invalid_search_space_is_one_error_before_any_trial(workspace, space, message):
-    raw = {**sweep_raw(workspace, "invalid"), "search_space": {"finetune.warmup_ratio": {"uniform": [0, 0.2]},
-                                                               **space}}
+    raw = {**sweep_raw(workspace, "invalid"), "search_space": {"finetune.warmup_ratio": {"uniform": [0, 0.2]}, **space}}
     with pytest.raises(ConfigError, match="search_space") as err:
         validate_config(FinetuneTuneConfig, raw)
     assert message in str(err.value) and str(err.value).count("search_space") == 1
@@ -264,18 +323,26 @@ def test_invalid_search_space_is_one_error_before_any_trial(workspace, space, me
 
 
 def test_every_problem_of_a_space_is_in_the_one_error(workspace):
-    raw = {**sweep_raw(workspace, "invalid"), "search_space": {
-        "train.learning_rate": {"loguniform": [-1e-5, 1e-3]}, "train.nope": {"choice": [1]},
-        "distill.alpha": {"uniform": [0, 1]}}}
+    raw = {
+        **sweep_raw(workspace, "invalid"),
+        "search_space": {
+            "train.learning_rate": {"loguniform": [-1e-5, 1e-3]},
+            "train.nope": {"choice": [1]},
+            "distill.alpha": {"uniform": [0, 1]},
+        },
+    }
     with pytest.raises(ConfigError) as err:
         validate_config(FinetuneTuneConfig, raw)
     assert all(part in str(err.value) for part in ("loguniform bounds", "train.nope", "distill.alpha"))
 
 
-@pytest.mark.parametrize("name, config_class, job_class", [
-    ("tune_finetune.yaml", FinetuneTuneConfig, FinetuneJobConfig),
-    ("tune_distill.yaml", DistillTuneConfig, DistillJobConfig),
-])
+@pytest.mark.parametrize(
+    "name, config_class, job_class",
+    [
+        ("tune_finetune.yaml", FinetuneTuneConfig, FinetuneJobConfig),
+        ("tune_distill.yaml", DistillTuneConfig, DistillJobConfig),
+    ],
+)
 def test_example_sweep_configs_validate(name, config_class, job_class, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = load_config(config_class, ROOT / "jobs" / "configs" / name)

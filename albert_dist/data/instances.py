@@ -37,10 +37,10 @@ class InstanceSpec:
 
 @dataclass
 class Instance:
-    input_ids: np.ndarray       # int32: [CLS] A [SEP] B [SEP]
+    input_ids: np.ndarray  # int32: [CLS] A [SEP] B [SEP]
     token_type_ids: np.ndarray  # int8: 0 up to the first [SEP], 1 after
-    word_start: np.ndarray      # bool: True where a whole word (or a special token) starts
-    sop_label: int              # 0 = original order, 1 = swapped
+    word_start: np.ndarray  # bool: True where a whole word (or a special token) starts
+    sop_label: int  # 0 = original order, 1 = swapped
 
 
 def stable_hash(key: str) -> int:
@@ -52,8 +52,13 @@ def document_rng(seed: int, doc_key: str, copy: int = 0) -> np.random.Generator:
     return np.random.default_rng([seed, stable_hash(doc_key), copy])
 
 
-def create_instances(sentences: list[np.ndarray], word_starts: list[np.ndarray], spec: InstanceSpec,
-                     rng: np.random.Generator, counts: Counter) -> list[Instance]:
+def create_instances(
+    sentences: list[np.ndarray],
+    word_starts: list[np.ndarray],
+    spec: InstanceSpec,
+    rng: np.random.Generator,
+    counts: Counter,
+) -> list[Instance]:
     """Instances of one document given its tokenized sentences (and their word-start flags)."""
     target = spec.max_tokens
     if rng.random() < spec.short_seq_prob:
@@ -74,8 +79,12 @@ def _split_chunk(ids: list[np.ndarray], starts: list[np.ndarray], rng: np.random
     """(a_ids, a_starts, b_ids, b_starts), or None for a chunk that cannot make two non-empty segments."""
     if len(ids) >= 2:
         a_end = int(rng.integers(1, len(ids)))
-        return (np.concatenate(ids[:a_end]), np.concatenate(starts[:a_end]),
-                np.concatenate(ids[a_end:]), np.concatenate(starts[a_end:]))
+        return (
+            np.concatenate(ids[:a_end]),
+            np.concatenate(starts[:a_end]),
+            np.concatenate(ids[a_end:]),
+            np.concatenate(starts[a_end:]),
+        )
     sentence, flags = ids[0], starts[0]
     if len(sentence) < 2:
         counts["chunks_skipped_too_short"] += 1
@@ -86,8 +95,15 @@ def _split_chunk(ids: list[np.ndarray], starts: list[np.ndarray], rng: np.random
     return sentence[:cut], flags[:cut], sentence[cut:], flags[cut:]
 
 
-def _make_instance(a: np.ndarray, a_starts: np.ndarray, b: np.ndarray, b_starts: np.ndarray,
-                   spec: InstanceSpec, rng: np.random.Generator, counts: Counter) -> Instance:
+def _make_instance(
+    a: np.ndarray,
+    a_starts: np.ndarray,
+    b: np.ndarray,
+    b_starts: np.ndarray,
+    spec: InstanceSpec,
+    rng: np.random.Generator,
+    counts: Counter,
+) -> Instance:
     swapped = rng.random() < 0.5
     if swapped:
         a, a_starts, b, b_starts = b, b_starts, a, a_starts
@@ -97,7 +113,7 @@ def _make_instance(a: np.ndarray, a_starts: np.ndarray, b: np.ndarray, b_starts:
     cls, sep = np.array([spec.cls_id], np.int32), np.array([spec.sep_id], np.int32)
     input_ids = np.concatenate([cls, a[a_slice], sep, b[b_slice], sep]).astype(np.int32)
     token_type_ids = np.zeros(len(input_ids), np.int8)
-    token_type_ids[keep_a + 2:] = 1
+    token_type_ids[keep_a + 2 :] = 1
     true = np.ones(1, bool)
     word_start = np.concatenate([true, a_starts[a_slice], true, b_starts[b_slice], true])
     return Instance(input_ids, token_type_ids, word_start, int(swapped))

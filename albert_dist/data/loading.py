@@ -9,20 +9,18 @@ import contextlib
 import hashlib
 import json
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pyarrow.fs as pafs
 
-from albert_dist.storage import is_uri
 from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.prepare import FORMAT_VERSION, MANIFEST
-from albert_dist.storage import filesystem
 from albert_dist.errors import DataError, TokenizerError
-from albert_dist.storage import publish_text, sha256_stream
-
+from albert_dist.storage import filesystem, is_uri, publish_text, sha256_stream
 
 #: the largest share of the cluster's object store that `data.cache: auto` fills with a prepared dataset
 CACHE_SHARE = 0.2
@@ -74,7 +72,7 @@ class PreparedData:
         dataset.context.execution_options.preserve_order = True
         return dataset
 
-    def for_training(self, in_memory: bool, phases: Sequence["PreparedData"] = ()) -> dict[str, Any]:
+    def for_training(self, in_memory: bool, phases: Sequence[PreparedData] = ()) -> dict[str, Any]:
         """The splits training reads: "train" (with `phases`, the prepared data of each training phase, its
         training split as "train_<i>") and this data's "eval" when there is one; read once into Ray's object store
         when `in_memory` (see `fits_in_memory`)."""
@@ -139,8 +137,10 @@ class PreparedData:
                 with self._fs.open_input_stream(path) as f:
                     digest = sha256_stream(f)
                 if digest != shard["sha256"]:
-                    raise DataError(f"{self.location}: shard {shard['path']} does not match its sha256 in the "
-                                    f"manifest (changed or corrupted since it was prepared): prepare the data again")
+                    raise DataError(
+                        f"{self.location}: shard {shard['path']} does not match its sha256 in the "
+                        f"manifest (changed or corrupted since it was prepared): prepare the data again"
+                    )
                 known[path] = stamp
                 checked += 1
         if record is not None and checked:
@@ -150,8 +150,11 @@ class PreparedData:
     def digest(self) -> str:
         """What identifies the data a run trains on: the shards' and the tokenizer's checksums and the sequence
         length (not the manifest's creation time: data prepared again byte for byte is the same data)."""
-        identity = {"splits": self.manifest["splits"], "tokenizer": self.manifest["tokenizer"]["sha256"],
-                    "max_seq_length": self.manifest["max_seq_length"]}
+        identity = {
+            "splits": self.manifest["splits"],
+            "tokenizer": self.manifest["tokenizer"]["sha256"],
+            "max_seq_length": self.manifest["max_seq_length"],
+        }
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
     def collator(self, masking=None) -> MaskingCollator:
@@ -178,13 +181,16 @@ def load_prepared(location: str | Path) -> PreparedData:
         with fs.open_input_stream(f"{root}/{MANIFEST}") as f:
             manifest = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
-        raise DataError(f"no prepared dataset at {location}: {MANIFEST} is missing "
-                        f"(run `albert-dist data prepare` first)") from None
+        raise DataError(
+            f"no prepared dataset at {location}: {MANIFEST} is missing (run `albert-dist data prepare` first)"
+        ) from None
     except json.JSONDecodeError as err:
         raise DataError(f"{location}/{MANIFEST} is corrupt: {err}") from None
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{location} has dataset format {manifest.get('format_version')}, this version reads "
-                        f"{FORMAT_VERSION}: prepare it again")
+        raise DataError(
+            f"{location} has dataset format {manifest.get('format_version')}, this version reads "
+            f"{FORMAT_VERSION}: prepare it again"
+        )
     return PreparedData(location, manifest, _load_tokenizer(fs, root, location, manifest["tokenizer"]), fs, root)
 
 
@@ -200,9 +206,11 @@ def _load_tokenizer(fs: pafs.FileSystem, root: str, location: str, info: dict[st
         raise DataError(f"{location}: tokenizer file {info['dir']}/{info['file']} is missing") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != info["sha256"]:
-        raise DataError(f"{location}: tokenizer {info['dir']}/{info['file']} does not match the manifest "
-                        f"(sha256 {digest[:12]}…, expected {info['sha256'][:12]}…): the data was tokenized "
-                        f"with another tokenizer")
+        raise DataError(
+            f"{location}: tokenizer {info['dir']}/{info['file']} does not match the manifest "
+            f"(sha256 {digest[:12]}…, expected {info['sha256'][:12]}…): the data was tokenized "
+            f"with another tokenizer"
+        )
     try:
         if not is_uri(location):
             return load_tokenizer(path)

@@ -27,8 +27,7 @@ def batch_rng(seed: int, epoch: int, rank: int, batch_index: int) -> np.random.G
     return np.random.default_rng([seed, epoch, rank, batch_index])
 
 
-def pad_ragged(column: Any, pad_value: int, width: int | None = None, dtype=np.int64) -> tuple[np.ndarray,
-                                                                                                np.ndarray]:
+def pad_ragged(column: Any, pad_value: int, width: int | None = None, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
     """(padded matrix, lengths) from what Ray Data yields for a list column: an object array of 1-D arrays, or
     a 2-D array when all rows have the same length."""
     if isinstance(column, np.ndarray) and column.ndim == 2 and column.dtype != object:
@@ -55,9 +54,20 @@ class MaskingCollator:
     torch tensors `input_ids, attention_mask, token_type_ids, labels, sentence_order_label`.
     """
 
-    def __init__(self, *, vocab_size: int, pad_id: int, mask_id: int, special_ids: Iterable[int],
-                 mlm_probability: float = 0.15, max_predictions_per_seq: int = 20, max_ngram: int = 3,
-                 whole_word: bool = True, pad_to_multiple_of: int = 8, mask_all: bool = False):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        pad_id: int,
+        mask_id: int,
+        special_ids: Iterable[int],
+        mlm_probability: float = 0.15,
+        max_predictions_per_seq: int = 20,
+        max_ngram: int = 3,
+        whole_word: bool = True,
+        pad_to_multiple_of: int = 8,
+        mask_all: bool = False,
+    ):
         self.vocab_size, self.pad_id, self.mask_id = vocab_size, pad_id, mask_id
         self.special_ids = np.array(sorted(set(special_ids) | {pad_id}), np.int64)
         self.mlm_probability = mlm_probability
@@ -70,23 +80,35 @@ class MaskingCollator:
         self.random_ids = np.setdiff1d(np.arange(vocab_size), self.special_ids)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, masking) -> "MaskingCollator":
+    def from_tokenizer(cls, tokenizer, masking) -> MaskingCollator:
         """From an `AlbertTokenizer` and a `MaskingSection`."""
-        return cls(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, mask_id=tokenizer.mask_id,
-                   special_ids=tokenizer.special_ids, **_masking_kwargs(masking))
+        return cls(
+            vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+            mask_id=tokenizer.mask_id,
+            special_ids=tokenizer.special_ids,
+            **_masking_kwargs(masking),
+        )
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any], masking=None, mask_all: bool = False) -> "MaskingCollator":
+    def from_manifest(cls, manifest: Mapping[str, Any], masking=None, mask_all: bool = False) -> MaskingCollator:
         """From a prepared dataset's manifest; `masking` (a `MaskingSection`) overrides the one it was made with."""
         tok = manifest["tokenizer"]
         settings = masking.model_dump() if masking is not None else manifest["config"]["masking"]
-        return cls(vocab_size=tok["vocab_size"], pad_id=tok["pad_id"], mask_id=tok["mask_id"],
-                   special_ids=tok["special_ids"], mask_all=mask_all, **_masking_kwargs(settings))
+        return cls(
+            vocab_size=tok["vocab_size"],
+            pad_id=tok["pad_id"],
+            mask_id=tok["mask_id"],
+            special_ids=tok["special_ids"],
+            mask_all=mask_all,
+            **_masking_kwargs(settings),
+        )
 
     # ---- masking ----
 
-    def mask(self, input_ids: np.ndarray, lengths: np.ndarray, word_start: np.ndarray | None,
-             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def mask(
+        self, input_ids: np.ndarray, lengths: np.ndarray, word_start: np.ndarray | None, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(masked input ids, labels) for a padded (B, P) id matrix; labels are -100 where nothing is predicted."""
         batch, width = input_ids.shape
         positions = np.arange(width)
@@ -144,8 +166,9 @@ class MaskingCollator:
         np.put_along_axis(chosen, order, take, axis=1)
         return chosen
 
-    def static_masks(self, input_ids: list[np.ndarray], word_start: list[np.ndarray],
-                     rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def static_masks(
+        self, input_ids: list[np.ndarray], word_start: list[np.ndarray], rng: np.random.Generator
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """(masked input ids, masked_lm_positions, masked_lm_ids) per sequence, to write with the data."""
         ids, lengths = pad_ragged(input_ids, self.pad_id)
         starts, _ = pad_ragged(word_start, 0, ids.shape[1], bool)
@@ -153,8 +176,13 @@ class MaskingCollator:
         out = []
         for row, length in enumerate(lengths):
             positions = np.flatnonzero(labels[row] != IGNORE_INDEX)
-            out.append((masked[row, :length].astype(np.int32), positions.astype(np.int32),
-                        labels[row, positions].astype(np.int32)))
+            out.append(
+                (
+                    masked[row, :length].astype(np.int32),
+                    positions.astype(np.int32),
+                    labels[row, positions].astype(np.int32),
+                )
+            )
         return out
 
     # ---- collation ----
@@ -163,14 +191,19 @@ class MaskingCollator:
         longest = int(lengths.max(initial=1))
         return -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
 
-    def mask_rows(self, input_ids: np.ndarray, lengths: np.ndarray, word_start: np.ndarray | None,
-                  rngs: Sequence[np.random.Generator]) -> tuple[np.ndarray, np.ndarray]:
+    def mask_rows(
+        self,
+        input_ids: np.ndarray,
+        lengths: np.ndarray,
+        word_start: np.ndarray | None,
+        rngs: Sequence[np.random.Generator],
+    ) -> tuple[np.ndarray, np.ndarray]:
         """As `mask`, but each row alone at its own length with its own generator: a row's mask then depends on
         nothing else in the batch (nor on its padding), so evaluation can fix it per row."""
         out, labels = input_ids.copy(), np.full_like(input_ids, IGNORE_INDEX)
         for row, (length, rng) in enumerate(zip(lengths, rngs)):
-            starts = None if word_start is None else word_start[row:row + 1, :length]
-            masked, row_labels = self.mask(input_ids[row:row + 1, :length], lengths[row:row + 1], starts, rng)
+            starts = None if word_start is None else word_start[row : row + 1, :length]
+            masked, row_labels = self.mask(input_ids[row : row + 1, :length], lengths[row : row + 1], starts, rng)
             out[row, :length], labels[row, :length] = masked[0], row_labels[0]
         return out, labels
 
@@ -192,11 +225,13 @@ class MaskingCollator:
         if self.mask_all:  # after drawing: the same positions either way, and static masks written 80/10/10 too
             masked_ids = np.where(labels != IGNORE_INDEX, self.mask_id, masked_ids)
         attention_mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
-        return {"input_ids": torch.from_numpy(masked_ids),
-                "attention_mask": torch.from_numpy(attention_mask),
-                "token_type_ids": torch.from_numpy(token_type_ids),
-                "labels": torch.from_numpy(labels.astype(np.int64, copy=False)),
-                "sentence_order_label": torch.from_numpy(np.asarray(batch["sop_label"], np.int64))}
+        return {
+            "input_ids": torch.from_numpy(masked_ids),
+            "attention_mask": torch.from_numpy(attention_mask),
+            "token_type_ids": torch.from_numpy(token_type_ids),
+            "labels": torch.from_numpy(labels.astype(np.int64, copy=False)),
+            "sentence_order_label": torch.from_numpy(np.asarray(batch["sop_label"], np.int64)),
+        }
 
 
 def static_labels(positions: Any, ids: Any, batch: int, width: int) -> np.ndarray:
@@ -212,5 +247,7 @@ def static_labels(positions: Any, ids: Any, batch: int, width: int) -> np.ndarra
 
 def _masking_kwargs(masking) -> dict:
     settings = masking if isinstance(masking, Mapping) else masking.model_dump()
-    return {key: settings[key] for key in ("mlm_probability", "max_predictions_per_seq", "max_ngram",
-                                            "whole_word", "pad_to_multiple_of")}
+    return {
+        key: settings[key]
+        for key in ("mlm_probability", "max_predictions_per_seq", "max_ngram", "whole_word", "pad_to_multiple_of")
+    }

@@ -37,8 +37,9 @@ def first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarra
     return rows, offsets, used
 
 
-def pack_batch(batch: dict[str, torch.Tensor], capacity: int, pad_id: int, pad_to_multiple_of: int = 8
-               ) -> dict[str, torch.Tensor]:
+def pack_batch(
+    batch: dict[str, torch.Tensor], capacity: int, pad_id: int, pad_to_multiple_of: int = 8
+) -> dict[str, torch.Tensor]:
     """The packed layout of a `MaskingCollator` batch (rows of at most `capacity` tokens, padded to a multiple of
     `pad_to_multiple_of`); `sentence_order_label` keeps the instances' order, which `cls_positions` follows."""
     lengths = batch["attention_mask"].sum(dim=1).numpy()
@@ -57,8 +58,13 @@ def pack_batch(batch: dict[str, torch.Tensor], capacity: int, pad_id: int, pad_t
     def moved(name: str, fill: int) -> torch.Tensor:
         return laid_out(batch[name].numpy()[instance, position], fill)
 
-    return {"input_ids": moved("input_ids", pad_id), "attention_mask": laid_out(1, 0),
-            "token_type_ids": moved("token_type_ids", 0), "labels": moved("labels", IGNORE_INDEX),
-            "position_ids": laid_out(position, 0), "sequence_ids": laid_out(instance + 1, 0),
-            "cls_positions": torch.from_numpy(rows * width + offsets),
-            "sentence_order_label": batch["sentence_order_label"]}
+    return {
+        "input_ids": moved("input_ids", pad_id),
+        "attention_mask": laid_out(1, 0),
+        "token_type_ids": moved("token_type_ids", 0),
+        "labels": moved("labels", IGNORE_INDEX),
+        "position_ids": laid_out(position, 0),
+        "sequence_ids": laid_out(instance + 1, 0),
+        "cls_positions": torch.from_numpy(rows * width + offsets),
+        "sentence_order_label": batch["sentence_order_label"],
+    }

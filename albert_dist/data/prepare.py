@@ -16,24 +16,38 @@ import tempfile
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig
-from albert_dist.storage import is_uri, join_location, resolve_location, resolve_path
 from albert_dist.data.instances import InstanceSpec
 from albert_dist.data.masking import MaskingCollator
-from albert_dist.data.process import (INSTANCE_SCHEMA, STATIC_MASK_SCHEMA, DocumentProcessor, ProcessSettings,
-                                      document_sentences, summarize_counts)
+from albert_dist.data.process import (
+    INSTANCE_SCHEMA,
+    STATIC_MASK_SCHEMA,
+    DocumentProcessor,
+    ProcessSettings,
+    document_sentences,
+    summarize_counts,
+)
 from albert_dist.data.ranges import FileRange, auto_range_bytes, plan_ranges, read_documents
 from albert_dist.data.readers import resolve_inputs
-from albert_dist.storage import filesystem
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
 from albert_dist.job_registry import Command
-from albert_dist.storage import publishing_dir, sha256_file, upload_dir
+from albert_dist.storage import (
+    filesystem,
+    is_uri,
+    join_location,
+    publishing_dir,
+    resolve_location,
+    resolve_path,
+    sha256_file,
+    upload_dir,
+)
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: text reaches the tokenizer unnormalized (format 1 applied NFKC first)
@@ -59,8 +73,9 @@ def run_prepare(cfg: DataJobConfig) -> int:
     return 0
 
 
-def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
-                    log: Callable[[str], None] = print) -> dict[str, Any]:
+def prepare_dataset(
+    cfg: DataJobConfig, *, progress_bars: bool = False, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Prepare the dataset `cfg` describes; returns the summary (also stored in the manifest)."""
     from albert_dist.ray_init import ensure_ray
 
@@ -77,14 +92,20 @@ def prepare_dataset(cfg: DataJobConfig, *, progress_bars: bool = False,
         instances = _instances(cfg, ranges, tokenizer, tally, user_dict)
         splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static, log)
         counts = Counter(tally.total())
-        counts.update(train_instances=splits["train"]["rows"], eval_instances=splits["eval"]["rows"],
-                      instances=splits["train"]["rows"] + splits["eval"]["rows"])
+        counts.update(
+            train_instances=splits["train"]["rows"],
+            eval_instances=splits["eval"]["rows"],
+            instances=splits["train"]["rows"] + splits["eval"]["rows"],
+        )
         summary = summarize_counts(counts)
         if not summary["instances"]:
             raise DataError(f"no instances: the corpus ({len(files)} file(s)) holds no document with two tokens")
         elapsed = time.perf_counter() - started
-        summary |= {"seconds": round(elapsed, 2), "tokens_per_second": round(summary["tokens"] / elapsed, 1),
-                    "instances_per_second": round(summary["instances"] / elapsed, 1)}
+        summary |= {
+            "seconds": round(elapsed, 2),
+            "tokens_per_second": round(summary["tokens"] / elapsed, 1),
+            "instances_per_second": round(summary["instances"] / elapsed, 1),
+        }
         _write_manifest(stage, cfg, tokenizer, splits, summary, files)
     log(f"data: wrote {summary['instances']:,} instances to {location}")
     return summary
@@ -97,7 +118,7 @@ class Tally:
         self._actor = actor
 
     @classmethod
-    def create(cls) -> "Tally":
+    def create(cls) -> Tally:
         import ray
 
         @ray.remote(num_cpus=0)
@@ -140,9 +161,14 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
     d = cfg.data
     settings = ProcessSettings(
         spec=InstanceSpec(d.max_seq_length, d.short_seq_prob, tokenizer.cls_id, tokenizer.sep_id),
-        language=d.language, max_sentence_chars=d.max_sentence_chars, dupe_factor=d.dupe_factor,
-        eval_fraction=d.eval_fraction, seed=d.seed, word_segmenter=d.word_segmenter,
-        user_dict=user_dict)
+        language=d.language,
+        max_sentence_chars=d.max_sentence_chars,
+        dupe_factor=d.dupe_factor,
+        eval_fraction=d.eval_fraction,
+        seed=d.seed,
+        word_segmenter=d.word_segmenter,
+        user_dict=user_dict,
+    )
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(ranges, d.text_field, tally, num_cpus=_READ_CPUS)
     cpus = ray.cluster_resources().get("CPU", 1.0)
@@ -154,10 +180,13 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
         return documents.map_batches(
-            DocumentProcessor, fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings,
-                                                      "collator": collator, "tally": tally},
-            compute=ray.data.ActorPoolStrategy(size=actors), batch_size=_DOCS_PER_BATCH,
-            num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / actors)), max_restarts=0)
+            DocumentProcessor,
+            fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings, "collator": collator, "tally": tally},
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            batch_size=_DOCS_PER_BATCH,
+            num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / actors)),
+            max_restarts=0,
+        )
 
 
 def _read_user_dict(path: str | None) -> str | None:
@@ -187,12 +216,25 @@ def _tokenizer(cfg: DataJobConfig, ranges: list[FileRange], out_dir: Path, log: 
             lines = _write_sentence_sample(cfg, ranges, sample, limit=4 * t.input_sentence_size)
             log(f"data: training a {t.vocab_size}-token {t.kind} tokenizer on {lines:,} sentences")
             if t.kind == "wordpiece":
-                train_wordpiece([sample], out_dir, t.vocab_size, input_sentence_size=t.input_sentence_size,
-                                seed=cfg.data.seed, progress=log)
+                train_wordpiece(
+                    [sample],
+                    out_dir,
+                    t.vocab_size,
+                    input_sentence_size=t.input_sentence_size,
+                    seed=cfg.data.seed,
+                    progress=log,
+                )
             else:
-                train_sentencepiece([sample], out_dir, t.vocab_size, character_coverage=t.character_coverage,
-                                    model_type=t.model_type, input_sentence_size=t.input_sentence_size,
-                                    seed=cfg.data.seed, progress=log)
+                train_sentencepiece(
+                    [sample],
+                    out_dir,
+                    t.vocab_size,
+                    character_coverage=t.character_coverage,
+                    model_type=t.model_type,
+                    input_sentence_size=t.input_sentence_size,
+                    seed=cfg.data.seed,
+                    progress=log,
+                )
         tokenizer = load_tokenizer(out_dir)
     tokenizer.save(out_dir)
     return tokenizer
@@ -212,7 +254,8 @@ def _write_sentence_sample(cfg: DataJobConfig, ranges: list[FileRange], path: Pa
     written = 0
     with open(path, "w", encoding="utf-8") as f:
         for batch in documents.map_batches(sentences, batch_size=_DOCS_PER_BATCH).iter_batches(
-                batch_size=None, batch_format="numpy"):
+            batch_size=None, batch_format="numpy"
+        ):
             for sentence in batch["sentence"]:
                 f.write(str(sentence) + "\n")
                 written += 1
@@ -271,8 +314,9 @@ class _ShardWriter:
         self._pending = [pending] if pending is not None and pending.num_rows else []
 
 
-def _write_shards(instances, stage: Path, rows_per_shard: int, static: bool,
-                  log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+def _write_shards(
+    instances, stage: Path, rows_per_shard: int, static: bool, log: Callable[[str], None] = print
+) -> dict[str, dict[str, Any]]:
     import pyarrow.compute as pc
 
     from albert_dist.console import ProgressLine
@@ -314,8 +358,7 @@ def _user_error(err: BaseException) -> AlbertDistError | None:
     return None
 
 
-def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, summary: dict,
-                    files: list[str]) -> None:
+def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, summary: dict, files: list[str]) -> None:
     vocab_file = next(p for p in (stage / "tokenizer" / n for n in ("spiece.model", "vocab.txt")) if p.exists())
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -324,10 +367,18 @@ def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, su
         "config": cfg.model_dump(),
         "max_seq_length": cfg.data.max_seq_length,
         "static_masking": cfg.masking.static,
-        "tokenizer": {"dir": "tokenizer", "file": vocab_file.name, "sha256": sha256_file(vocab_file),
-                      "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id, "unk_id": tokenizer.unk_id,
-                      "cls_id": tokenizer.cls_id, "sep_id": tokenizer.sep_id, "mask_id": tokenizer.mask_id,
-                      "special_ids": sorted(tokenizer.special_ids)},
+        "tokenizer": {
+            "dir": "tokenizer",
+            "file": vocab_file.name,
+            "sha256": sha256_file(vocab_file),
+            "vocab_size": tokenizer.vocab_size,
+            "pad_id": tokenizer.pad_id,
+            "unk_id": tokenizer.unk_id,
+            "cls_id": tokenizer.cls_id,
+            "sep_id": tokenizer.sep_id,
+            "mask_id": tokenizer.mask_id,
+            "special_ids": sorted(tokenizer.special_ids),
+        },
         "splits": splits,
         "summary": summary,
     }
@@ -367,25 +418,41 @@ def _execution_context(progress_bars: bool):
     try:
         yield
     finally:
-        (ctx.execution_options.preserve_order, ctx.raise_original_map_exception,
-         ctx.enable_progress_bars) = saved
+        (ctx.execution_options.preserve_order, ctx.raise_original_map_exception, ctx.enable_progress_bars) = saved
 
 
 #: the summary's headline figures, as `format_summary` words them; its other counters are printed when not zero
-_HEADLINE = ("files", "bytes", "documents", "eval_documents", "sentences", "tokens", "instances", "train_instances",
-             "eval_instances", "seconds", "tokens_per_second", "instances_per_second")
+_HEADLINE = (
+    "files",
+    "bytes",
+    "documents",
+    "eval_documents",
+    "sentences",
+    "tokens",
+    "instances",
+    "train_instances",
+    "eval_instances",
+    "seconds",
+    "tokens_per_second",
+    "instances_per_second",
+)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
     """Two lines: what went in and came out, then the counters of what was cut, skipped or replaced (those not
     zero). The whole summary is in the manifest and the MLflow run."""
     s = {k: summary.get(k, 0) for k in _HEADLINE}
-    lines = [f"data: {s['files']:,} file(s), {s['bytes']:,} bytes → {s['documents']:,} documents "
-             f"({s['eval_documents']:,} held out), {s['sentences']:,} sentences, {s['tokens']:,} tokens → "
-             f"{s['instances']:,} instances ({s['train_instances']:,} train, {s['eval_instances']:,} eval) in "
-             f"{s['seconds']:g} s ({s['tokens_per_second']:,.0f} tokens/s)"]
-    counters = [f"{k} {v:,}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in summary.items()
-                if k not in _HEADLINE and v]
+    lines = [
+        f"data: {s['files']:,} file(s), {s['bytes']:,} bytes → {s['documents']:,} documents "
+        f"({s['eval_documents']:,} held out), {s['sentences']:,} sentences, {s['tokens']:,} tokens → "
+        f"{s['instances']:,} instances ({s['train_instances']:,} train, {s['eval_instances']:,} eval) in "
+        f"{s['seconds']:g} s ({s['tokens_per_second']:,.0f} tokens/s)"
+    ]
+    counters = [
+        f"{k} {v:,}" if isinstance(v, (int, float)) else f"{k} {v}"
+        for k, v in summary.items()
+        if k not in _HEADLINE and v
+    ]
     if counters:
         lines.append("data: " + ", ".join(counters))
     return "\n".join(lines)

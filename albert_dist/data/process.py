@@ -7,8 +7,9 @@ masking, one jieba dictionary, both loaded once per actor.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,17 +19,21 @@ from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.segment import JiebaSegmenter, word_starts
 from albert_dist.data.sentences import cap_length, collapse_whitespace, split_sentences
 
-INSTANCE_SCHEMA = pa.schema([
-    ("input_ids", pa.list_(pa.int32())),
-    ("token_type_ids", pa.list_(pa.int8())),
-    ("word_start", pa.list_(pa.bool_())),
-    ("sop_label", pa.int8()),
-])
-STATIC_MASK_SCHEMA = pa.schema([
-    ("masked_input_ids", pa.list_(pa.int32())),
-    ("masked_lm_positions", pa.list_(pa.int32())),
-    ("masked_lm_ids", pa.list_(pa.int32())),
-])
+INSTANCE_SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("token_type_ids", pa.list_(pa.int8())),
+        ("word_start", pa.list_(pa.bool_())),
+        ("sop_label", pa.int8()),
+    ]
+)
+STATIC_MASK_SCHEMA = pa.schema(
+    [
+        ("masked_input_ids", pa.list_(pa.int32())),
+        ("masked_lm_positions", pa.list_(pa.int32())),
+        ("masked_lm_ids", pa.list_(pa.int32())),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class ProcessSettings:
     eval_fraction: float = 0.0
     seed: int = 12345
     word_segmenter: str | None = None  # "jieba": Chinese whole words for masking
-    user_dict: str | None = None       # the text of a jieba user dictionary
+    user_dict: str | None = None  # the text of a jieba user dictionary
 
 
 def document_sentences(text: str, presplit: bool, language: str, max_chars: int, counts: Counter) -> list[str]:
@@ -66,8 +71,13 @@ def is_eval_document(doc_key: str, eval_fraction: float) -> bool:
 class DocumentProcessor:
     """Ray Data callable: a batch of documents → a table of instances (+ `is_eval`), counters sent to `tally`."""
 
-    def __init__(self, tokenizer, settings: ProcessSettings, collator: MaskingCollator | None = None,
-                 tally: Callable[[Counter], None] | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        settings: ProcessSettings,
+        collator: MaskingCollator | None = None,
+        tally: Callable[[Counter], None] | None = None,
+    ):
         self.tokenizer, self.settings, self.collator, self.tally = tokenizer, settings, collator, tally
         self.segmenter = JiebaSegmenter(settings.user_dict) if settings.word_segmenter == "jieba" else None
 
@@ -114,16 +124,33 @@ class DocumentProcessor:
             columns["sop_label"].extend(i.sop_label for i in instances)
             columns["is_eval"].extend([is_eval] * len(instances))
             if self.collator is not None:
-                masks = self.collator.static_masks([i.input_ids for i in instances],
-                                                   [i.word_start for i in instances], rng)
+                masks = self.collator.static_masks(
+                    [i.input_ids for i in instances], [i.word_start for i in instances], rng
+                )
                 for name, values in zip(STATIC_MASK_SCHEMA.names, zip(*masks)):
                     columns[name].extend(values)
 
 
 def summarize_counts(counts: dict[str, Any]) -> dict[str, Any]:
     """Counters in a fixed, readable order (absent ones as 0)."""
-    order = ["files", "bytes", "documents", "eval_documents", "sentences", "tokens", "instances",
-             "train_instances", "eval_instances", "replaced_chars", "empty_files", "empty_documents",
-             "one_sentence_documents", "long_sentences_cut", "empty_sentences", "sentences_cut_in_two",
-             "chunks_skipped_too_short", "tokens_truncated"]
+    order = [
+        "files",
+        "bytes",
+        "documents",
+        "eval_documents",
+        "sentences",
+        "tokens",
+        "instances",
+        "train_instances",
+        "eval_instances",
+        "replaced_chars",
+        "empty_files",
+        "empty_documents",
+        "one_sentence_documents",
+        "long_sentences_cut",
+        "empty_sentences",
+        "sentences_cut_in_two",
+        "chunks_skipped_too_short",
+        "tokens_truncated",
+    ]
     return {key: int(counts.get(key, 0)) for key in order} | {k: v for k, v in counts.items() if k not in order}

@@ -13,11 +13,19 @@ entered in the middle, so any range of it would first decompress all that preced
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
-from albert_dist.data.readers import (Document, decode, document_count, file_format, make_documents, parse_file,
-                                      parquet_texts, parse_text)
+from albert_dist.data.readers import (
+    Document,
+    decode,
+    document_count,
+    file_format,
+    make_documents,
+    parquet_texts,
+    parse_file,
+    parse_text,
+)
 from albert_dist.errors import DataError
 from albert_dist.storage import filesystem
 
@@ -36,8 +44,8 @@ class FileRange:
     fmt: str
     start: int = 0
     end: int | None = None
-    first_document: int = 0         # documents of the file before `start` (the keys of its own go on from there)
-    first_line: int = 0             # lines of the file before `start` (for JSONL error messages)
+    first_document: int = 0  # documents of the file before `start` (the keys of its own go on from there)
+    first_line: int = 0  # lines of the file before `start` (for JSONL error messages)
     blank_file: bool | None = None  # a cut file is blank in all its ranges (known from the counting pass)
 
 
@@ -48,8 +56,9 @@ def auto_range_bytes(files: list[str], cpus: float) -> int:
     return int(min(MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, total / max(1.0, RANGES_PER_CPU * cpus))))
 
 
-def plan_ranges(files: list[str], fmt: str, text_field: str, range_bytes: int,
-                num_cpus: float | None = None) -> list[FileRange]:
+def plan_ranges(
+    files: list[str], fmt: str, text_field: str, range_bytes: int, num_cpus: float | None = None
+) -> list[FileRange]:
     """The ranges of every file, in file order; text files above `range_bytes` are counted by Ray tasks."""
     import ray
 
@@ -162,8 +171,12 @@ def read_range(r: FileRange, text_field: str) -> tuple[list[Document], Counter]:
     return documents, counts
 
 
-def read_documents(ranges: list[FileRange], text_field: str, tally: Callable[[Counter], None] | None = None,
-                   num_cpus: float | None = None):
+def read_documents(
+    ranges: list[FileRange],
+    text_field: str,
+    tally: Callable[[Counter], None] | None = None,
+    num_cpus: float | None = None,
+):
     """A Ray Dataset of documents (`doc_key`, `text`, `presplit`), one block per range at least, in file order
     when order is preserved."""
     import ray.data

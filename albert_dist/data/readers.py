@@ -15,8 +15,9 @@ import io
 import json
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -69,8 +70,12 @@ def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
 def _list_files(fs: pafs.FileSystem, directory: str) -> list[str]:
     """Files under `directory`, skipping hidden ones (.DS_Store, .crc, editor swap files)."""
     infos = fs.get_file_info(pafs.FileSelector(directory, recursive=True))
-    return [i.path for i in infos if i.type == pafs.FileType.File
-            and not any(part.startswith((".", "_")) for part in Path(i.path).relative_to(directory).parts)]
+    return [
+        i.path
+        for i in infos
+        if i.type == pafs.FileType.File
+        and not any(part.startswith((".", "_")) for part in Path(i.path).relative_to(directory).parts)
+    ]
 
 
 def file_format(path: str, configured: str) -> str:
@@ -106,8 +111,9 @@ def parse_file(path: str, data: bytes, fmt: str, text_field: str) -> tuple[list[
     return documents, counts
 
 
-def parse_text(path: str, data: bytes, fmt: str, text_field: str, first_document: int = 0,
-               first_line: int = 0) -> tuple[list[Document], Counter]:
+def parse_text(
+    path: str, data: bytes, fmt: str, text_field: str, first_document: int = 0, first_line: int = 0
+) -> tuple[list[Document], Counter]:
     """Documents of a text file's bytes, whole or a range of whole lines (whole documents for blocks and
     sentences) that has `first_document` documents and `first_line` lines of the file before it; only the file's
     start (`first_line` 0) may hold a byte-order mark. Counters: bytes, replaced_chars, empty_documents."""
@@ -131,8 +137,9 @@ def document_count(fmt: str, text: str) -> int:
     return len(_TEXT_PARSERS[fmt]("", text, "", 0))
 
 
-def make_documents(path: str, texts: list[str | None], presplit: bool, first_document: int,
-                   counts: Counter) -> list[Document]:
+def make_documents(
+    path: str, texts: list[str | None], presplit: bool, first_document: int, counts: Counter
+) -> list[Document]:
     """Documents keyed by their index in the file (the key seeds their instances and the eval split)."""
     documents = []
     for index, text in enumerate(texts, start=first_document):
@@ -184,7 +191,11 @@ def _jsonl(path: str, text: str, text_field: str, first_line: int) -> list[str |
 
 
 _TEXT_PARSERS: dict[str, Callable[[str, str, str, int], list]] = {
-    "sentences": _sentences, "blocks": _blocks, "lines": _lines, "jsonl": _jsonl}
+    "sentences": _sentences,
+    "blocks": _blocks,
+    "lines": _lines,
+    "jsonl": _jsonl,
+}
 
 
 def parquet_texts(path: str, source, column: str, rows: tuple[int, int] | None = None) -> list[str | None]:
@@ -198,8 +209,9 @@ def parquet_texts(path: str, source, column: str, rows: tuple[int, int] | None =
         raise DataError(f"{path}: not a readable Parquet file ({err})") from None
     names = file.schema_arrow.names
     if column not in names:
-        raise DataError(f"{path}: Parquet file has no column {column!r} (columns: {', '.join(names)}; "
-                        f"set data.text_field)")
+        raise DataError(
+            f"{path}: Parquet file has no column {column!r} (columns: {', '.join(names)}; set data.text_field)"
+        )
     if rows is None:
         return file.read(columns=[column]).column(column).to_pylist()
     start, end = rows

@@ -50,8 +50,9 @@ class JiebaSegmenter:
         return boundary[positions], boundary[positions + 1]
 
 
-def word_starts(tokenizer, pieces: list[str], ids: list[int], sentence: str,
-                segmenter: JiebaSegmenter | None, counts: Counter) -> np.ndarray:
+def word_starts(
+    tokenizer, pieces: list[str], ids: list[int], sentence: str, segmenter: JiebaSegmenter | None, counts: Counter
+) -> np.ndarray:
     """Whole-word flags of a sentence's tokens: the tokenizer's, with CJK words as the module docstring says."""
     starts = np.array(tokenizer.word_starts(ids), bool)
     if not any(CJK.search(p) for p in pieces):

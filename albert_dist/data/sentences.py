@@ -20,11 +20,13 @@ _ZH_BOUNDARY = re.compile(rf"((?:[。｡！？；!?;]+|\.{{3,}}|…+)[{_CLOSERS}
 
 # Words after which a period never ends a sentence (titles, Latin abbreviations, references). Case matters:
 # "No. 5" is an abbreviation, "said no." is not.
-_ABBREVIATIONS = frozenset("""
+_ABBREVIATIONS = frozenset(
+    """
     Mr Mrs Ms Dr Prof Sr Jr St Mt Gen Col Lt Sgt Capt Rev Hon mr mrs ms dr prof
     No Nos Vol Vols Fig Figs Eq Eqs Ch Sec Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec
     vs cf al approx pp
-""".split())
+""".split()
+)
 # Dotted acronyms such as "e.g.", "i.e.", "U.S.", "a.m." (a word before the final period containing a period).
 _DOTTED = re.compile(r"(?:^|\s|\()(?:[A-Za-z]\.)+[A-Za-z]?\.?$")
 # Whitespace to both tokenizers (BERT's normalizer deletes \v \f \x1c-\x1f \x85 as control characters, so

@@ -26,8 +26,10 @@ class FinetuneTrainSection(TrainBase):
     `train:` section in YAML keeps them. The warmup is finetune.warmup_ratio of the steps, which are
     finetune.epochs or, with epochs empty, max_steps; the dev set is evaluated whole."""
 
-    key_hints = {"warmup_steps": "fine-tuning warms up for finetune.warmup_ratio of the steps",
-                 "eval_batches": "fine-tuning evaluates the whole dev set, in batches of finetune.eval_batch_size"}
+    key_hints = {
+        "warmup_steps": "fine-tuning warms up for finetune.warmup_ratio of the steps",
+        "eval_batches": "fine-tuning evaluates the whole dev set, in batches of finetune.eval_batch_size",
+    }
 
     max_steps: int | None = Field(None, gt=0, description="The number of steps when finetune.epochs is empty.")
     optimizer: Literal["lamb", "adamw"] = "adamw"
@@ -47,8 +49,11 @@ class DistillTrainSection(FinetuneTrainSection):
 class TaskDataSection(Section):
     """Labelled text in CSV, TSV, JSONL or Parquet. Without a dev (test) file, a seeded share of train is held out."""
 
-    train: str | None = Field(None, description="Training file: a path or a URI (s3://bucket/train.csv, gs://...; "
-                                                "credentials from the environment).")
+    train: str | None = Field(
+        None,
+        description="Training file: a path or a URI (s3://bucket/train.csv, gs://...; "
+        "credentials from the environment).",
+    )
     dev: str | None = Field(None, description="Dev file; when empty, dev_fraction of train is held out.")
     test: str | None = Field(None, description="Test file; when empty and test_fraction > 0, held out of train.")
     format: Literal["auto", "csv", "tsv", "jsonl", "parquet"] = "auto"
@@ -61,12 +66,16 @@ class TaskDataSection(Section):
     split_seed: int = 12345
     max_seq_length: int = Field(128, ge=8, le=8192)
     pad_to_multiple_of: int = Field(8, ge=1)
-    group_by_length: bool = Field(True, description="Training batches of rows of similar length (seeded mega-batches "
-                                                    "sorted by length, as transformers' group_by_length): less "
-                                                    "padding; false: plain random batches.")
+    group_by_length: bool = Field(
+        True,
+        description="Training batches of rows of similar length (seeded mega-batches "
+        "sorted by length, as transformers' group_by_length): less "
+        "padding; false: plain random batches.",
+    )
 
     _files_without_secrets = field_validator("train", "dev", "test")(
-        classmethod(lambda cls, value: without_credentials(value)))
+        classmethod(lambda cls, value: without_credentials(value))
+    )
 
 
 class TaskTrainingSection(Section):
@@ -86,7 +95,8 @@ class TaskTrainingSection(Section):
     layer_lr_decay: float = Field(1.0, gt=0, le=1)
     lr_scales: dict[str, float] = Field(default_factory=dict)
     metric: Literal["accuracy", "f1", "mcc", "pearson", "spearman", "loss"] | None = Field(
-        None, description="Dev metric for the best model and early stopping (accuracy / pearson by default).")
+        None, description="Dev metric for the best model and early stopping (accuracy / pearson by default)."
+    )
     early_stopping_patience: int | None = Field(None, ge=1, description="Evaluations without improvement.")
     eval_batch_size: int = Field(64, gt=0)
 
@@ -106,9 +116,14 @@ class TaskTrainingSection(Section):
         return getattr(self, "task", "classification")
 
     @model_validator(mode="after")
-    def _metric_fits_task(self) -> "TaskTrainingSection":
-        kinds = {"accuracy": "classification", "f1": "classification", "mcc": "classification",
-                 "pearson": "regression", "spearman": "regression"}
+    def _metric_fits_task(self) -> TaskTrainingSection:
+        kinds = {
+            "accuracy": "classification",
+            "f1": "classification",
+            "mcc": "classification",
+            "pearson": "regression",
+            "spearman": "regression",
+        }
         if kinds.get(self.metric or "loss", self.task_kind) != self.task_kind:
             raise ValueError(f"metric {self.metric} does not apply to {self.task_kind}")
         return self
@@ -131,10 +146,11 @@ class TaskJobConfig(TrainingJobConfig):
     finetune: TaskTrainingSection = Field(default_factory=TaskTrainingSection)
 
     @model_validator(mode="after")
-    def _one_training_length(self) -> "TaskJobConfig":
+    def _one_training_length(self) -> TaskJobConfig:
         if (self.finetune.epochs is None) == (self.train.max_steps is None):
-            raise ValueError("give the training length once: finetune.epochs, or train.max_steps with "
-                             "finetune.epochs empty (null)")
+            raise ValueError(
+                "give the training length once: finetune.epochs, or train.max_steps with finetune.epochs empty (null)"
+            )
         return self
 
 
@@ -142,8 +158,11 @@ class FinetuneModelSection(PretrainedModelSection):
     """Fine-tuning's `model:`: init_from may be a URI (a model pretrain published to s3://, gs://), downloaded to
     a local cache before it is loaded."""
 
-    init_from: str | None = Field(None, description="A model directory (ours or transformers') to start from, or "
-                                                    "the URI of one pretrain published (s3://bucket/runs/name/model).")
+    init_from: str | None = Field(
+        None,
+        description="A model directory (ours or transformers') to start from, or "
+        "the URI of one pretrain published (s3://bucket/runs/name/model).",
+    )
 
     _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: without_credentials(value)))
 
@@ -161,27 +180,34 @@ class StudentSection(Section):
     """The student: the teacher's config with these fields changed (empty ones keep the teacher's value, except
     num_hidden_layers: 4), or, with `init_from`, a separately pretrained smaller ALBERT as it is."""
 
-    init_from: str | None = Field(None, description="A pretrained ALBERT directory with the teacher's vocabulary "
-                                                    "(e.g. albert_chinese_tiny for an albert_chinese_base "
-                                                    "teacher): the student starts from it, in its own shape.")
+    init_from: str | None = Field(
+        None,
+        description="A pretrained ALBERT directory with the teacher's vocabulary "
+        "(e.g. albert_chinese_tiny for an albert_chinese_base "
+        "teacher): the student starts from it, in its own shape.",
+    )
     num_hidden_layers: int | None = Field(None, gt=0, description="Empty: 4.")
     hidden_size: int | None = Field(None, gt=0)
     num_attention_heads: int | None = Field(None, gt=0)
     intermediate_size: int | None = Field(None, gt=0)
-    init_from_teacher: bool | None = Field(None, description="Copy every teacher weight whose name and shape fit: "
-                                                             "with the hidden size kept that is all of them (same "
-                                                             "shared groups, fewer layers); otherwise the "
-                                                             "embeddings. Empty: yes, unless init_from is set.")
+    init_from_teacher: bool | None = Field(
+        None,
+        description="Copy every teacher weight whose name and shape fit: "
+        "with the hidden size kept that is all of them (same "
+        "shared groups, fewer layers); otherwise the "
+        "embeddings. Empty: yes, unless init_from is set.",
+    )
 
     _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: local_path(value)))
 
     @model_validator(mode="after")
-    def _one_source(self) -> "StudentSection":
+    def _one_source(self) -> StudentSection:
         if self.init_from:
             clashing = sorted(self.overrides()) + (["init_from_teacher"] if self.init_from_teacher else [])
             if clashing:
-                raise ValueError(f"{', '.join(clashing)} cannot be set with init_from: the student is "
-                                 f"{self.init_from} as it is")
+                raise ValueError(
+                    f"{', '.join(clashing)} cannot be set with init_from: the student is {self.init_from} as it is"
+                )
         return self
 
     def overrides(self) -> dict[str, int]:
@@ -222,7 +248,9 @@ class DistillJobConfig(TaskJobConfig):
     def _local_run_dir(cls, run: TrainingRunSection) -> TrainingRunSection:
         """The student's initial weights are staged in the run directory, read by every worker from there."""
         if is_uri(run.output_dir):
-            raise ValueError("output_dir is a URI, but distillation stages the student's initial weights in the run "
-                             "directory with local file operations: give a local path or a mount every node shares "
-                             "(NFS, EFS, Filestore); pretrain and finetune take a URI")
+            raise ValueError(
+                "output_dir is a URI, but distillation stages the student's initial weights in the run "
+                "directory with local file operations: give a local path or a mount every node shares "
+                "(NFS, EFS, Filestore); pretrain and finetune take a URI"
+            )
         return run

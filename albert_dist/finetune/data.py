@@ -21,8 +21,15 @@ from albert_dist.errors import ConfigError, DataError
 
 MEGA_BATCH_MULTIPLE = 50  # at most this many batches per length-sorted mega-batch, as transformers' group_by_length
 
-_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-            ".parquet": "parquet", ".pq": "parquet"}
+_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 
 
 def file_format(path: str | Path, fmt: str = "auto") -> str:
@@ -30,8 +37,10 @@ def file_format(path: str | Path, fmt: str = "auto") -> str:
         return fmt
     suffix = Path(path).suffix.lower()
     if suffix not in _FORMATS:
-        raise DataError(f"{path}: cannot tell the format from {suffix or 'no extension'!r}; "
-                        f"use one of {', '.join(sorted(_FORMATS))} or set data.format")
+        raise DataError(
+            f"{path}: cannot tell the format from {suffix or 'no extension'!r}; "
+            f"use one of {', '.join(sorted(_FORMATS))} or set data.format"
+        )
     return _FORMATS[suffix]
 
 
@@ -80,8 +89,9 @@ def require_columns(table: pa.Table, path: str | Path, **roles: str | None) -> N
     """Each `role=column` must exist; the error names the file, the role and the columns there are."""
     for role, column in roles.items():
         if column is not None and column not in table.column_names:
-            raise DataError(f"{path}: no column {column!r} ({role}); the file has "
-                            f"{', '.join(map(repr, table.column_names))}")
+            raise DataError(
+                f"{path}: no column {column!r} ({role}); the file has {', '.join(map(repr, table.column_names))}"
+            )
 
 
 def text_values(table: pa.Table, column: str) -> list[str]:
@@ -97,17 +107,17 @@ class Split:
     pairs: list[str] | None
     labels: list[Any]
 
-    def take(self, indices: np.ndarray, source: str) -> "Split":
+    def take(self, indices: np.ndarray, source: str) -> Split:
         pick = lambda values: [values[i] for i in indices]  # noqa: E731
-        return Split(source, pick(self.texts), pick(self.pairs) if self.pairs is not None else None,
-                     pick(self.labels))
+        return Split(source, pick(self.texts), pick(self.pairs) if self.pairs is not None else None, pick(self.labels))
 
 
 def read_split(path: str, data, label_column: str | None) -> Split:
     """Read one labelled (or, with `label_column=None`, unlabelled) file of a `TaskDataSection`."""
     table = read_table(path, data.format)
-    require_columns(table, path, text_column=data.text_column, text_pair_column=data.text_pair_column,
-                    label_column=label_column)
+    require_columns(
+        table, path, text_column=data.text_column, text_pair_column=data.text_pair_column, label_column=label_column
+    )
     labels = table.column(label_column).to_pylist() if label_column else [None] * table.num_rows
     if label_column and any(v is None for v in labels):
         row = labels.index(None)
@@ -124,19 +134,23 @@ def load_splits(data) -> dict[str, Split]:
     for name in ("dev", "test"):
         if getattr(data, name):
             splits[name] = read_split(getattr(data, name), data, data.label_column)
-    held_out = {name: fraction for name, fraction in (("test", data.test_fraction), ("dev", data.dev_fraction))
-                if name not in splits and fraction > 0}
+    held_out = {
+        name: fraction
+        for name, fraction in (("test", data.test_fraction), ("dev", data.dev_fraction))
+        if name not in splits and fraction > 0
+    }
     if held_out:
         train = splits["train"]
         order = np.random.default_rng(data.split_seed).permutation(len(train.texts))
         start = 0
         for name, fraction in held_out.items():
             count = max(1, round(len(order) * fraction))
-            splits[name] = train.take(order[start:start + count], f"{train.source} ({name} share)")
+            splits[name] = train.take(order[start : start + count], f"{train.source} ({name} share)")
             start += count
         if start >= len(order):
-            raise DataError(f"{train.source}: {len(order)} rows leave nothing to train on after holding out "
-                            f"{', '.join(held_out)}")
+            raise DataError(
+                f"{train.source}: {len(order)} rows leave nothing to train on after holding out {', '.join(held_out)}"
+            )
         splits["train"] = train.take(np.sort(order[start:]), train.source)
     return splits
 
@@ -163,8 +177,10 @@ def label_ids(split: Split, column: str, task: str, label2id: dict[str, int]) ->
     ids = np.empty(len(split.labels), dtype=np.int64)
     for row, value in enumerate(split.labels):
         if str(value) not in label2id:
-            raise DataError(f"{split.source}: unknown label {value!r} in column {column!r} (row {row + 1}); "
-                            f"known labels: {', '.join(label2id)}")
+            raise DataError(
+                f"{split.source}: unknown label {value!r} in column {column!r} (row {row + 1}); "
+                f"known labels: {', '.join(label2id)}"
+            )
         ids[row] = label2id[str(value)]
     return ids
 
@@ -229,8 +245,7 @@ def collate(rows: dict[str, np.ndarray], pad_to_multiple_of: int) -> dict[str, t
     return batch
 
 
-def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
-                         bucket: int = 8) -> np.ndarray:
+def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, bucket: int = 8) -> np.ndarray:
     """A random order of the rows in which each run of `batch_size` rows has similar lengths, as transformers'
     `group_by_length`: a permutation cut into mega-batches of up to `MEGA_BATCH_MULTIPLE` batches (fewer for small
     splits, so that an epoch has at least 4), each sorted longest first. Lengths are compared rounded up to
@@ -242,8 +257,8 @@ def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Ge
     widths = -(-np.asarray(lengths) // bucket)
     mega = batch_size * max(1, min(len(lengths) // (4 * batch_size), MEGA_BATCH_MULTIPLE))
     for start in range(0, len(order), mega):
-        chunk = order[start:start + mega]
-        order[start:start + mega] = chunk[np.argsort(-widths[chunk], kind="stable")]
+        chunk = order[start : start + mega]
+        order[start : start + mega] = chunk[np.argsort(-widths[chunk], kind="stable")]
     full = len(order) // batch_size * batch_size
     shuffled = order[:full].reshape(-1, batch_size)[rng.permutation(full // batch_size)].reshape(-1)
     return np.concatenate([shuffled, order[full:]])
@@ -257,5 +272,5 @@ def length_sorted_order(lengths: np.ndarray) -> np.ndarray:
 def batches(encoded: EncodedSplit, batch_size: int, pad_to_multiple_of: int, order: np.ndarray | None = None):
     """In-process batches of an encoded split, in `order` (default: row order)."""
     for start in range(0, len(encoded), batch_size):
-        index = slice(start, start + batch_size) if order is None else order[start:start + batch_size]
+        index = slice(start, start + batch_size) if order is None else order[start : start + batch_size]
         yield collate({k: v[index] for k, v in encoded.arrays.items()}, pad_to_multiple_of)

@@ -16,9 +16,10 @@ albert_chinese_base teacher): logits are distilled whatever the widths, hidden s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,8 +48,9 @@ class DistillationModel(torch.nn.Module):
     """Student + frozen teacher (+ the hidden-state projection). Its parameters that train are the student's
     and the projection's; `train()` never takes the teacher out of eval mode."""
 
-    def __init__(self, student: AlbertForSequenceClassification, teacher: AlbertForSequenceClassification,
-                 match_hidden: bool):
+    def __init__(
+        self, student: AlbertForSequenceClassification, teacher: AlbertForSequenceClassification, match_hidden: bool
+    ):
         super().__init__()
         self.student, self.teacher = student, teacher.eval().requires_grad_(False)
         hs, ht = student.config.hidden_size, teacher.config.hidden_size
@@ -72,13 +74,18 @@ class DistillationModel(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         """(student logits, teacher logits, hidden-state MSE or None)."""
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                      output_hidden_states=self.match_hidden)
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            output_hidden_states=self.match_hidden,
+        )
         with torch.no_grad():
             teacher = self.teacher(**inputs)
         student = self.student(**inputs)
-        hidden = self.hidden_mse(student.hidden_states, teacher.hidden_states, attention_mask) \
-            if self.match_hidden else None
+        hidden = (
+            self.hidden_mse(student.hidden_states, teacher.hidden_states, attention_mask) if self.match_hidden else None
+        )
         return student.logits, teacher.logits, hidden
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -102,8 +109,16 @@ class DistillationModel(torch.nn.Module):
 def distillation_loss(student_logits, teacher_logits, labels, temperature: float, alpha: float):
     """(α·T²·KL(student/T ‖ teacher/T) + (1−α)·CE, KL term, CE term)."""
     T = temperature
-    kd = F.kl_div(F.log_softmax(student_logits.float() / T, -1), F.log_softmax(teacher_logits.float() / T, -1),
-                  reduction="batchmean", log_target=True) * T * T
+    kd = (
+        F.kl_div(
+            F.log_softmax(student_logits.float() / T, -1),
+            F.log_softmax(teacher_logits.float() / T, -1),
+            reduction="batchmean",
+            log_target=True,
+        )
+        * T
+        * T
+    )
     ce = F.cross_entropy(student_logits.float(), labels)
     return alpha * kd + (1 - alpha) * ce, kd, ce
 
@@ -138,8 +153,9 @@ class DistillationTask(SequenceClassificationTask):
 
     def loss(self, model, batch):
         d = self.distill
-        student_logits, teacher_logits, hidden = model(batch["input_ids"], batch["attention_mask"],
-                                                       batch["token_type_ids"])
+        student_logits, teacher_logits, hidden = model(
+            batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+        )
         loss, kd, ce = distillation_loss(student_logits, teacher_logits, batch["label"], d.temperature, d.alpha)
         if hidden is not None:
             loss = loss + d.hidden_weight * hidden
@@ -153,8 +169,13 @@ class DistillationTask(SequenceClassificationTask):
     def summarize(self, sums):
         out = super().summarize(sums)
         count = max(1.0, sums.get("count", 0.0))
-        out.update({name[:-4]: sums[name] / count for name in ("kd_loss_sum", "ce_loss_sum", "hidden_loss_sum")
-                    if name in sums})
+        out.update(
+            {
+                name[:-4]: sums[name] / count
+                for name in ("kd_loss_sum", "ce_loss_sum", "hidden_loss_sum")
+                if name in sums
+            }
+        )
         return out
 
     def save_model(self, model, directory: Path) -> None:
@@ -162,8 +183,10 @@ class DistillationTask(SequenceClassificationTask):
 
     def save_training_only(self, model, directory: Path) -> None:
         if model.projection is not None:
-            save_file({k: v.detach().cpu().contiguous() for k, v in model.projection.state_dict().items()},
-                      str(directory / PROJECTION_FILE))
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in model.projection.state_dict().items()},
+                str(directory / PROJECTION_FILE),
+            )
 
     def load_weights(self, model, directory: Path) -> None:
         model.student.load_state_dict(AlbertForSequenceClassification.from_pretrained(directory).state_dict())
@@ -171,12 +194,12 @@ class DistillationTask(SequenceClassificationTask):
             model.projection.load_state_dict(load_file(str(directory / PROJECTION_FILE)))
 
 
-
 DEFAULT_STUDENT_LAYERS = 4
 
 
-def build_student(teacher: AlbertForSequenceClassification, cfg: DistillJobConfig,
-                  teacher_dir: str | Path | None = None) -> AlbertForSequenceClassification:
+def build_student(
+    teacher: AlbertForSequenceClassification, cfg: DistillJobConfig, teacher_dir: str | Path | None = None
+) -> AlbertForSequenceClassification:
     """The student: `student.init_from` as it is (a fresh classifier on it), or the teacher's config with the
     student's overrides; with `init_from_teacher` (the default then) every teacher tensor whose name and shape
     fit is copied (all of them when the hidden size is kept)."""
@@ -185,8 +208,10 @@ def build_student(teacher: AlbertForSequenceClassification, cfg: DistillJobConfi
     overrides = {"num_hidden_layers": DEFAULT_STUDENT_LAYERS, **cfg.student.overrides()}
     layers = overrides["num_hidden_layers"]
     if teacher.config.num_hidden_groups > layers:
-        raise ConfigError(f"student.num_hidden_layers ({layers}) is below the teacher's num_hidden_groups "
-                          f"({teacher.config.num_hidden_groups})")
+        raise ConfigError(
+            f"student.num_hidden_layers ({layers}) is below the teacher's num_hidden_groups "
+            f"({teacher.config.num_hidden_groups})"
+        )
     try:
         config = AlbertConfig.from_dict(teacher.config.to_dict(), **overrides)
     except ConfigError as err:
@@ -200,24 +225,29 @@ def build_student(teacher: AlbertForSequenceClassification, cfg: DistillJobConfi
     return student
 
 
-def _pretrained_student(teacher: AlbertForSequenceClassification, student_dir: str,
-                        teacher_dir: str | Path | None) -> AlbertForSequenceClassification:
+def _pretrained_student(
+    teacher: AlbertForSequenceClassification, student_dir: str, teacher_dir: str | Path | None
+) -> AlbertForSequenceClassification:
     """A separately pretrained ALBERT with the teacher's vocabulary (checked token by token when both
     directories hold a tokenizer), with the teacher's labels on a new classifier."""
     c = teacher.config
     student_config = load_config(student_dir)
     if student_config.vocab_size != c.vocab_size:
-        raise ConfigError(f"student.init_from {student_dir} has a vocabulary of {student_config.vocab_size} "
-                          f"tokens, the teacher {c.vocab_size}: distillation needs the same vocabulary")
+        raise ConfigError(
+            f"student.init_from {student_dir} has a vocabulary of {student_config.vocab_size} "
+            f"tokens, the teacher {c.vocab_size}: distillation needs the same vocabulary"
+        )
     if teacher_dir is not None:
         tokens = [load_tokenizer(d).convert_ids_to_tokens(range(c.vocab_size)) for d in (teacher_dir, student_dir)]
         differing = next((i for i, (a, b) in enumerate(zip(*tokens)) if a != b), None)
         if differing is not None:
-            raise ConfigError(f"student.init_from {student_dir} has another vocabulary than the teacher (token "
-                              f"{differing}: {tokens[1][differing]!r}, teacher {tokens[0][differing]!r})")
+            raise ConfigError(
+                f"student.init_from {student_dir} has another vocabulary than the teacher (token "
+                f"{differing}: {tokens[1][differing]!r}, teacher {tokens[0][differing]!r})"
+            )
     return AlbertForSequenceClassification.from_pretrained(
-        student_dir, num_labels=c.num_labels, id2label=c.id2label, label2id=c.label2id,
-        problem_type=c.problem_type)
+        student_dir, num_labels=c.num_labels, id2label=c.id2label, label2id=c.label2id, problem_type=c.problem_type
+    )
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -239,23 +269,30 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
     inference speedup on the same batch, machine and precision."""
     metric = cfg.finetune.best_metric
     dev = task_data.splits["dev"]
-    evaluate = dict(task="classification", batch_size=cfg.finetune.eval_batch_size,
-                    pad_to_multiple_of=cfg.data.pad_to_multiple_of, precision=cfg.train.precision)
+    evaluate = dict(
+        task="classification",
+        batch_size=cfg.finetune.eval_batch_size,
+        pad_to_multiple_of=cfg.data.pad_to_multiple_of,
+        precision=cfg.train.precision,
+    )
     t_metrics, s_metrics = inference.evaluate(teacher, dev, **evaluate), inference.evaluate(student, dev, **evaluate)
     batch = next(data.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
     models = {"teacher": teacher, "student": student}
     speed = inference.throughputs(models, batch, cfg.train.precision, cfg.distill.speed_repeats)
-    flops = {name: model.flops_per_token(batch["input_ids"].shape[1], training=False)
-             for name, model in models.items()}
+    flops = {name: model.flops_per_token(batch["input_ids"].shape[1], training=False) for name, model in models.items()}
     out = {f"teacher_dev_{k}": v for k, v in t_metrics.items()}
     out.update({f"student_dev_{k}": v for k, v in s_metrics.items()})
-    out.update({
-        "student_share_of_teacher": s_metrics[metric] / t_metrics[metric] if t_metrics.get(metric) else 0.0,
-        "teacher_parameters": float(parameter_count(teacher)), "student_parameters": float(parameter_count(student)),
-        "teacher_sequences_per_s": speed["teacher"], "student_sequences_per_s": speed["student"],
-        "speedup": speed["student"] / speed["teacher"],
-        "student_flops_share": flops["student"] / flops["teacher"],  # the speedup the compute alone would give
-    })
+    out.update(
+        {
+            "student_share_of_teacher": s_metrics[metric] / t_metrics[metric] if t_metrics.get(metric) else 0.0,
+            "teacher_parameters": float(parameter_count(teacher)),
+            "student_parameters": float(parameter_count(student)),
+            "teacher_sequences_per_s": speed["teacher"],
+            "student_sequences_per_s": speed["student"],
+            "speedup": speed["student"] / speed["teacher"],
+            "student_flops_share": flops["student"] / flops["teacher"],  # the speedup the compute alone would give
+        }
+    )
     return out
 
 
@@ -272,11 +309,24 @@ def plan(cfg: DistillJobConfig) -> Plan:
     student_init = cfg.run.run_dir / "student_init"
     d = cfg.distill
     student_task = job.classification_spec(
-        init_from=str(student_init), task_data=task_data, task="classification", finetune=cfg.finetune,
-        train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed, model_overrides={},
-        tokenizer_dir=str(teacher_dir))
-    spec = DistillationSpec(student_task, teacher_dir=str(teacher_dir), temperature=d.temperature, alpha=d.alpha,
-                            hidden_weight=d.hidden_weight)
+        init_from=str(student_init),
+        task_data=task_data,
+        task="classification",
+        finetune=cfg.finetune,
+        train=train,
+        data_section=cfg.data,
+        per_epoch=per_epoch,
+        seed=cfg.run.seed,
+        model_overrides={},
+        tokenizer_dir=str(teacher_dir),
+    )
+    spec = DistillationSpec(
+        student_task,
+        teacher_dir=str(teacher_dir),
+        temperature=d.temperature,
+        alpha=d.alpha,
+        hidden_weight=d.hidden_weight,
+    )
 
     def stage(run) -> None:
         publish_dir(student_init, lambda directory: save_with_tokenizer(student, teacher_dir, directory))
@@ -286,23 +336,50 @@ def plan(cfg: DistillJobConfig) -> Plan:
         distilled = AlbertForSequenceClassification.from_pretrained(model_dir)
         values = compare(teacher, distilled, task_data, cfg)
         if "test" in task_data.splits:
-            values.update({f"test_{k}": v for k, v in inference.evaluate(
-                distilled, task_data.splits["test"], task="classification", precision=cfg.train.precision).items()})
+            values.update(
+                {
+                    f"test_{k}": v
+                    for k, v in inference.evaluate(
+                        distilled, task_data.splits["test"], task="classification", precision=cfg.train.precision
+                    ).items()
+                }
+            )
         return values
 
     return base_plan(
-        cfg, task=spec, train=train, data_digest=job.task_data_digest(cfg.data), stage=stage, evaluate=evaluate,
-        datasets=lambda: job.task_datasets(task_data), tags=job.lineage_tags(teacher_dir), label_names=names,
-        inputs={**job.encoded_digests(task_data), "student": weights_digest(student),
-                "student_config": student.config.to_dict()},
-        params={"train.derived_max_steps": train.max_steps, "train.derived_warmup_steps": train.warmup_steps,
-                "student.num_parameters": parameter_count(student), "teacher.num_parameters": parameter_count(teacher)},
-        banner=[f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
-                f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
-                f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
-                f"H={student.config.hidden_size}); {train.max_steps} steps"],
-        driver={"speed_batch_size": d.speed_batch_size, "speed_repeats": d.speed_repeats,
-                "eval_batch_size": cfg.finetune.eval_batch_size, "precision": cfg.train.precision})
+        cfg,
+        task=spec,
+        train=train,
+        data_digest=job.task_data_digest(cfg.data),
+        stage=stage,
+        evaluate=evaluate,
+        datasets=lambda: job.task_datasets(task_data),
+        tags=job.lineage_tags(teacher_dir),
+        label_names=names,
+        inputs={
+            **job.encoded_digests(task_data),
+            "student": weights_digest(student),
+            "student_config": student.config.to_dict(),
+        },
+        params={
+            "train.derived_max_steps": train.max_steps,
+            "train.derived_warmup_steps": train.warmup_steps,
+            "student.num_parameters": parameter_count(student),
+            "teacher.num_parameters": parameter_count(teacher),
+        },
+        banner=[
+            f"distilling {teacher_dir} ({parameter_count(teacher) / 1e6:.2f}M parameters, "
+            f"{teacher.config.num_hidden_layers} layers, H={teacher.config.hidden_size}) into a student of "
+            f"{parameter_count(student) / 1e6:.2f}M ({student.config.num_hidden_layers} layers, "
+            f"H={student.config.hidden_size}); {train.max_steps} steps"
+        ],
+        driver={
+            "speed_batch_size": d.speed_batch_size,
+            "speed_repeats": d.speed_repeats,
+            "eval_batch_size": cfg.finetune.eval_batch_size,
+            "precision": cfg.train.precision,
+        },
+    )
 
 
 def save_with_tokenizer(model, tokenizer_source: str | Path, directory: Path) -> None:
@@ -312,14 +389,16 @@ def save_with_tokenizer(model, tokenizer_source: str | Path, directory: Path) ->
 
 def _summary(cfg: DistillJobConfig, outcome: JobOutcome) -> list[str]:
     m, metric = outcome.metrics, cfg.finetune.best_metric
-    return [f"teacher dev {metric} {m[f'teacher_dev_{metric}']:.4f} | student dev {metric} "
-            f"{m[f'student_dev_{metric}']:.4f} ({100 * m['student_share_of_teacher']:.1f}% of the teacher)",
-            f"parameters: teacher {m['teacher_parameters'] / 1e6:.2f}M, student {m['student_parameters'] / 1e6:.2f}M; "
-            f"inference ({cfg.train.precision}, batch {cfg.distill.speed_batch_size}): teacher "
-            f"{m['teacher_sequences_per_s']:.0f}/s, student {m['student_sequences_per_s']:.0f}/s, "
-            f"speedup ×{m['speedup']:.2f} (the student computes {100 * m['student_flops_share']:.0f}% of the "
-            f"teacher's FLOPs)",
-            f"student model: {outcome.model_dir}"]
+    return [
+        f"teacher dev {metric} {m[f'teacher_dev_{metric}']:.4f} | student dev {metric} "
+        f"{m[f'student_dev_{metric}']:.4f} ({100 * m['student_share_of_teacher']:.1f}% of the teacher)",
+        f"parameters: teacher {m['teacher_parameters'] / 1e6:.2f}M, student {m['student_parameters'] / 1e6:.2f}M; "
+        f"inference ({cfg.train.precision}, batch {cfg.distill.speed_batch_size}): teacher "
+        f"{m['teacher_sequences_per_s']:.0f}/s, student {m['student_sequences_per_s']:.0f}/s, "
+        f"speedup ×{m['speedup']:.2f} (the student computes {100 * m['student_flops_share']:.0f}% of the "
+        f"teacher's FLOPs)",
+        f"student model: {outcome.model_dir}",
+    ]
 
 
 DISTILL = TrainingJob("distill", DistillJobConfig, plan, job.classifier_model, _summary, "distilled")

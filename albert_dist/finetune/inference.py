@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 import numpy as np
 import torch
 
 from albert_dist.finetune import data, metrics
 from albert_dist.train import precision as amp
-
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FALLBACK_MAX_SEQ_LENGTH = 512  # models that recorded none (google's, most on the Hub)
@@ -43,8 +42,9 @@ def saved_max_seq_length(model_dir: str | Path) -> int:
 
 
 @torch.no_grad()
-def predict_logits(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
-                   precision: str = "fp32") -> np.ndarray:
+def predict_logits(
+    model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]], precision: str = "fp32"
+) -> np.ndarray:
     """[N, num_labels] float32 logits, in batch order; the model is put in eval mode. `precision` as
     train.precision ("auto" resolves as in training)."""
     model.eval()
@@ -53,14 +53,22 @@ def predict_logits(model: torch.nn.Module, batches: Iterable[dict[str, torch.Ten
     outputs = []
     for batch in batches:
         with amp.autocast(precision, device):
-            logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                           token_type_ids=batch["token_type_ids"].to(device)).logits
+            logits = model(
+                input_ids=batch["input_ids"].to(device),
+                attention_mask=batch["attention_mask"].to(device),
+                token_type_ids=batch["token_type_ids"].to(device),
+            ).logits
         outputs.append(logits.float().cpu().numpy())
     return np.concatenate(outputs) if outputs else np.zeros((0, model.config.num_labels), np.float32)
 
 
-def split_logits(model: torch.nn.Module, encoded: data.EncodedSplit, batch_size: int = 64,
-                 pad_to_multiple_of: int = 8, precision: str = "fp32") -> np.ndarray:
+def split_logits(
+    model: torch.nn.Module,
+    encoded: data.EncodedSplit,
+    batch_size: int = 64,
+    pad_to_multiple_of: int = 8,
+    precision: str = "fp32",
+) -> np.ndarray:
     """Logits of every row of `encoded`, in row order, computed over batches of rows sorted by length."""
     order = data.length_sorted_order(encoded.arrays["length"])
     logits = predict_logits(model, data.batches(encoded, batch_size, pad_to_multiple_of, order), precision)
@@ -69,16 +77,28 @@ def split_logits(model: torch.nn.Module, encoded: data.EncodedSplit, batch_size:
     return restored
 
 
-def evaluate(model: torch.nn.Module, encoded: data.EncodedSplit, *, task: str, batch_size: int = 64,
-             pad_to_multiple_of: int = 8, precision: str = "fp32") -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    encoded: data.EncodedSplit,
+    *,
+    task: str,
+    batch_size: int = 64,
+    pad_to_multiple_of: int = 8,
+    precision: str = "fp32",
+) -> dict[str, float]:
     """Task metrics of `model` on an encoded, labelled split."""
     logits = split_logits(model, encoded, batch_size, pad_to_multiple_of, precision)
     return metrics.task_metrics(task, logits, encoded.arrays["label"], model.config.num_labels)
 
 
 @torch.no_grad()
-def throughputs(models: Mapping[str, torch.nn.Module], batch: dict[str, torch.Tensor], precision: str = "fp32",
-                repeats: int = 20, warmup: int = 3) -> dict[str, float]:
+def throughputs(
+    models: Mapping[str, torch.nn.Module],
+    batch: dict[str, torch.Tensor],
+    precision: str = "fp32",
+    repeats: int = 20,
+    warmup: int = 3,
+) -> dict[str, float]:
     """Sequences per second of each model's forward passes over `batch` (the median of `repeats` timed passes).
 
     The models take turns, one pass each per round, so that whatever else loads the machine meanwhile slows them

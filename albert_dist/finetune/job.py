@@ -27,6 +27,7 @@ from albert_dist.storage import fetch_dir, is_uri, join_location, read_bytes
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
 
+
 @dataclass
 class TaskData:
     """Encoded splits and the label names (None for regression)."""
@@ -39,16 +40,20 @@ class TaskData:
         return len(self.label_names) if self.label_names else 1
 
 
-def prepare_task_data(section: TaskDataSection, task: str, tokenizer_dir: str | Path,
-                      label_names: list[str] | None = None) -> TaskData:
+def prepare_task_data(
+    section: TaskDataSection, task: str, tokenizer_dir: str | Path, label_names: list[str] | None = None
+) -> TaskData:
     """Read, label and tokenize train/dev(/test); `label_names` fixes the label order (a teacher's)."""
     raw = data.load_splits(section)
     names = None if task == "regression" else label_names or data.label_names(raw["train"], section.labels)
     label2id = {name: i for i, name in enumerate(names or [])}
     tokenizer = load_tokenizer(tokenizer_dir)
-    splits = {name: data.encode_split(split, tokenizer, section.max_seq_length,
-                                      data.label_ids(split, section.label_column, task, label2id))
-              for name, split in raw.items()}
+    splits = {
+        name: data.encode_split(
+            split, tokenizer, section.max_seq_length, data.label_ids(split, section.label_column, task, label2id)
+        )
+        for name, split in raw.items()
+    }
     return TaskData(splits, names)
 
 
@@ -56,22 +61,30 @@ def label_overrides(task: str, label_names: list[str] | None) -> dict[str, Any]:
     """config.json fields of the classifier: the label names are saved with the model."""
     if task == "regression":
         return {"num_labels": 1, "problem_type": "regression", "id2label": {0: "score"}, "label2id": {"score": 0}}
-    return {"num_labels": len(label_names), "problem_type": "single_label_classification",
-            "id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
+    return {
+        "num_labels": len(label_names),
+        "problem_type": "single_label_classification",
+        "id2label": dict(enumerate(label_names)),
+        "label2id": {n: i for i, n in enumerate(label_names)},
+    }
 
 
-def schedule(train: TrainBase, finetune: TaskTrainingSection, num_train: int, num_workers: int
-             ) -> tuple[TrainSection, int]:
+def schedule(
+    train: TrainBase, finetune: TaskTrainingSection, num_train: int, num_workers: int
+) -> tuple[TrainSection, int]:
     """`train` with max_steps from the epochs and warmup_steps = warmup_ratio × max_steps; and the number of
     micro-batches per epoch (global batches of `batch_size × num_workers` rows, the last partial one dropped)."""
     global_batch = train.batch_size * num_workers
     per_epoch = num_train // global_batch
     if per_epoch == 0:
-        raise ConfigError(f"{num_train} training rows do not fill one global batch of {global_batch} "
-                          f"(train.batch_size × scaling.num_workers): lower the batch size")
+        raise ConfigError(
+            f"{num_train} training rows do not fill one global batch of {global_batch} "
+            f"(train.batch_size × scaling.num_workers): lower the batch size"
+        )
     steps = math.ceil(finetune.epochs * per_epoch / train.grad_accum_steps) if finetune.epochs else train.max_steps
-    return TrainSection.model_validate({**train.model_dump(), "max_steps": steps,
-                                        "warmup_steps": round(finetune.warmup_ratio * steps)}), per_epoch
+    return TrainSection.model_validate(
+        {**train.model_dump(), "max_steps": steps, "warmup_steps": round(finetune.warmup_ratio * steps)}
+    ), per_epoch
 
 
 def source_run_id(model_dir: str | Path) -> str | None:
@@ -102,9 +115,19 @@ def lineage_tags(source: str | Path) -> dict[str, str]:
 def log_task_data(run: tracking.JobRun, section: TaskDataSection, task_data: TaskData) -> None:
     """The task's data files as the run's datasets (a split held out of train has no file of its own)."""
     files = {"training": (section.train, "train"), "validation": (section.dev, "dev"), "test": (section.test, "test")}
-    run.log_datasets([
-        (context, Path(path).name, Path(path).resolve(), tracking.path_digest(path),
-         {"num_rows": len(task_data.splits[split])}) for context, (path, split) in files.items() if path])
+    run.log_datasets(
+        [
+            (
+                context,
+                Path(path).name,
+                Path(path).resolve(),
+                tracking.path_digest(path),
+                {"num_rows": len(task_data.splits[split])},
+            )
+            for context, (path, split) in files.items()
+            if path
+        ]
+    )
 
 
 def task_data_digest(section: TaskDataSection) -> str:
@@ -131,20 +154,43 @@ def classifier_model(cfg):
     return mlflow_models.SequenceClassifierModel(pair=cfg.data.text_pair_column is not None)
 
 
-def classification_spec(*, init_from: str, task_data: TaskData, task: str, finetune: TaskTrainingSection,
-                        train: TrainSection, data_section: TaskDataSection, per_epoch: int, seed: int,
-                        model_overrides: dict[str, Any], tokenizer_dir: str | None = None,
-                        allow_pickle: bool = False) -> ClassificationSpec:
+def classification_spec(
+    *,
+    init_from: str,
+    task_data: TaskData,
+    task: str,
+    finetune: TaskTrainingSection,
+    train: TrainSection,
+    data_section: TaskDataSection,
+    per_epoch: int,
+    seed: int,
+    model_overrides: dict[str, Any],
+    tokenizer_dir: str | None = None,
+    allow_pickle: bool = False,
+) -> ClassificationSpec:
     """The workers' task: fine-tune `init_from` (its tokenizer, unless `tokenizer_dir` names another) on
     `task_data` with the job's settings (`train` as `schedule` derived it)."""
     return ClassificationSpec(
-        init_from=init_from, tokenizer_dir=tokenizer_dir or init_from, task=task, num_labels=task_data.num_labels,
-        model_overrides=model_overrides, metric=finetune.best_metric, patience=finetune.early_stopping_patience,
-        layer_lr_decay=finetune.layer_lr_decay, lr_scales=dict(finetune.lr_scales), batch_size=train.batch_size,
-        eval_batch_size=finetune.eval_batch_size, grad_accum_steps=train.grad_accum_steps,
-        micro_batches_per_epoch=per_epoch, eval_rows=len(task_data.splits["dev"]), seed=seed,
-        pad_to_multiple_of=data_section.pad_to_multiple_of, group_by_length=data_section.group_by_length,
-        max_seq_length=data_section.max_seq_length, allow_pickle=allow_pickle)
+        init_from=init_from,
+        tokenizer_dir=tokenizer_dir or init_from,
+        task=task,
+        num_labels=task_data.num_labels,
+        model_overrides=model_overrides,
+        metric=finetune.best_metric,
+        patience=finetune.early_stopping_patience,
+        layer_lr_decay=finetune.layer_lr_decay,
+        lr_scales=dict(finetune.lr_scales),
+        batch_size=train.batch_size,
+        eval_batch_size=finetune.eval_batch_size,
+        grad_accum_steps=train.grad_accum_steps,
+        micro_batches_per_epoch=per_epoch,
+        eval_rows=len(task_data.splits["dev"]),
+        seed=seed,
+        pad_to_multiple_of=data_section.pad_to_multiple_of,
+        group_by_length=data_section.group_by_length,
+        max_seq_length=data_section.max_seq_length,
+        allow_pickle=allow_pickle,
+    )
 
 
 def task_datasets(task_data: TaskData) -> dict[str, Any]:
@@ -157,9 +203,14 @@ def final_metrics(model, task_data: TaskData, task: str, cfg) -> dict[str, float
     out = {}
     for split in ("dev", "test"):
         if split in task_data.splits:
-            values = inference.evaluate(model, task_data.splits[split], task=task,
-                                        batch_size=cfg.finetune.eval_batch_size,
-                                        pad_to_multiple_of=cfg.data.pad_to_multiple_of, precision=cfg.train.precision)
+            values = inference.evaluate(
+                model,
+                task_data.splits[split],
+                task=task,
+                batch_size=cfg.finetune.eval_batch_size,
+                pad_to_multiple_of=cfg.data.pad_to_multiple_of,
+                precision=cfg.train.precision,
+            )
             out.update({f"{split}_{k}": v for k, v in values.items()})
     return out
 
@@ -174,29 +225,55 @@ def plan(cfg: FinetuneJobConfig) -> Plan:
     train, per_epoch = schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
     sizes = {f"data.{name}_rows": len(split) for name, split in task_data.splits.items()}
     overrides = {**label_overrides(task, task_data.label_names), **cfg.model.overrides()}
-    spec = classification_spec(init_from=str(init_from), task_data=task_data, task=task, finetune=cfg.finetune,
-                               train=train, data_section=cfg.data, per_epoch=per_epoch, seed=cfg.run.seed,
-                               model_overrides=overrides, allow_pickle=cfg.model.allow_pickle)
+    spec = classification_spec(
+        init_from=str(init_from),
+        task_data=task_data,
+        task=task,
+        finetune=cfg.finetune,
+        train=train,
+        data_section=cfg.data,
+        per_epoch=per_epoch,
+        seed=cfg.run.seed,
+        model_overrides=overrides,
+        allow_pickle=cfg.model.allow_pickle,
+    )
     rows = ", ".join(f"{len(split)} {name}" for name, split in task_data.splits.items())
     return base_plan(
-        cfg, task=spec, train=train, data_digest=task_data_digest(cfg.data), datasets=lambda: task_datasets(task_data),
-        tags=lineage_tags(init_from), label_names=task_data.label_names, inputs=encoded_digests(task_data),
-        params={**sizes, "train.derived_max_steps": train.max_steps, "train.derived_warmup_steps": train.warmup_steps,
-                "labels": ",".join(task_data.label_names or [])},
+        cfg,
+        task=spec,
+        train=train,
+        data_digest=task_data_digest(cfg.data),
+        datasets=lambda: task_datasets(task_data),
+        tags=lineage_tags(init_from),
+        label_names=task_data.label_names,
+        inputs=encoded_digests(task_data),
+        params={
+            **sizes,
+            "train.derived_max_steps": train.max_steps,
+            "train.derived_warmup_steps": train.warmup_steps,
+            "labels": ",".join(task_data.label_names or []),
+        },
         stage=lambda run: log_task_data(run, cfg.data, task_data),
-        banner=[f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {rows} rows, "
-                f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s)"],
-        evaluate=lambda model_dir: final_metrics(AlbertForSequenceClassification.from_pretrained(model_dir),
-                                                 task_data, task, cfg),
-        driver={"eval_batch_size": cfg.finetune.eval_batch_size, "precision": cfg.train.precision})
+        banner=[
+            f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {rows} rows, "
+            f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s)"
+        ],
+        evaluate=lambda model_dir: final_metrics(
+            AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg
+        ),
+        driver={"eval_batch_size": cfg.finetune.eval_batch_size, "precision": cfg.train.precision},
+    )
 
 
 def _summary(cfg: FinetuneJobConfig, outcome: JobOutcome) -> list[str]:
     m = outcome.train_metrics
     stopped = " (stopped early)" if m.get("stopped_early") else ""
     final = {k: v for k, v in outcome.metrics.items() if k.startswith(("dev_", "test_"))}
-    return [f"done: step {m.get('step')}{stopped}; best model by dev {cfg.finetune.best_metric}:",
-            "  " + " | ".join(f"{k} {v:.4f}" for k, v in final.items()), f"model: {outcome.model_dir}"]
+    return [
+        f"done: step {m.get('step')}{stopped}; best model by dev {cfg.finetune.best_metric}:",
+        "  " + " | ".join(f"{k} {v:.4f}" for k, v in final.items()),
+        f"model: {outcome.model_dir}",
+    ]
 
 
 FINETUNE = TrainingJob("finetune", FinetuneJobConfig, plan, classifier_model, _summary, "finetuned")

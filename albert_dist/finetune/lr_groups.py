@@ -43,13 +43,23 @@ def lr_scales(num_hidden_groups: int, decay: float, overrides: dict[str, float] 
     scales.update({f"group{g}": decay ** (G - g) for g in range(G)})
     unknown = sorted(set(overrides or {}) - set(scales))
     if unknown:
-        raise ConfigError(f"finetune.lr_scales names {', '.join(unknown)}, but the model has the groups "
-                          f"{', '.join(sorted(scales))}")
+        raise ConfigError(
+            f"finetune.lr_scales names {', '.join(unknown)}, but the model has the groups {', '.join(sorted(scales))}"
+        )
     return {**scales, **(overrides or {})}
 
 
-def albert_parameter_groups(model: torch.nn.Module, num_hidden_groups: int, weight_decay: float, decay: float,
-                            overrides: dict[str, float] | None = None) -> list[dict]:
+def albert_parameter_groups(
+    model: torch.nn.Module,
+    num_hidden_groups: int,
+    weight_decay: float,
+    decay: float,
+    overrides: dict[str, float] | None = None,
+) -> list[dict]:
     """Optimizer groups of `model` (decay/no-decay × lr group) with their `lr_scale`; scale-0 groups frozen."""
-    return optim.parameter_groups(model.named_parameters(), weight_decay,
-                                  lr_scale=lr_scales(num_hidden_groups, decay, overrides), group_of=group_of)
+    return optim.parameter_groups(
+        model.named_parameters(),
+        weight_decay,
+        lr_scale=lr_scales(num_hidden_groups, decay, overrides),
+        group_of=group_of,
+    )

@@ -24,7 +24,7 @@ def classification_metrics(confusion: np.ndarray) -> dict[str, float]:
     tp = np.diag(c)
     f1_denominator = true + predicted
     f1 = np.divide(2 * tp, f1_denominator, out=np.zeros_like(tp), where=f1_denominator > 0)
-    mcc_denominator = np.sqrt((total ** 2 - (predicted ** 2).sum()) * (total ** 2 - (true ** 2).sum()))
+    mcc_denominator = np.sqrt((total**2 - (predicted**2).sum()) * (total**2 - (true**2).sum()))
     mcc = (correct * total - (predicted * true).sum()) / mcc_denominator if mcc_denominator > 0 else 0.0
     return {"accuracy": float(correct / total) if total else 0.0, "f1": float(f1.mean()), "mcc": float(mcc)}
 

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from albert_dist.errors import DataError
-from albert_dist.storage import publish_file
 from albert_dist.finetune import data, inference
 from albert_dist.model.checkpoint import load_config
+from albert_dist.storage import publish_file
 
 ACTOR_THRESHOLD = 20_000
 
@@ -27,8 +27,14 @@ class Predictor:
     """Model + tokenizer loaded once; maps a batch of rows (column → array) to the rows plus their prediction
     columns."""
 
-    def __init__(self, model_dir: str | Path, text_column: str, text_pair_column: str | None, batch_size: int,
-                 precision: str = "auto"):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        text_column: str,
+        text_pair_column: str | None,
+        batch_size: int,
+        precision: str = "auto",
+    ):
         from albert_dist.model import AlbertForSequenceClassification
         from albert_dist.tokenizer import load_tokenizer
 
@@ -36,13 +42,11 @@ class Predictor:
         self.tokenizer = load_tokenizer(model_dir)
         self.text_column, self.text_pair_column = text_column, text_pair_column
         self.batch_size, self.precision = batch_size, precision
-        self.max_seq_length = min(inference.saved_max_seq_length(model_dir),
-                                  self.model.config.max_position_embeddings)
+        self.max_seq_length = min(inference.saved_max_seq_length(model_dir), self.model.config.max_position_embeddings)
 
     def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = ["" if v is None else str(v) for v in rows[self.text_column]]
-        pairs = (["" if v is None else str(v) for v in rows[self.text_pair_column]]
-                 if self.text_pair_column else None)
+        pairs = ["" if v is None else str(v) for v in rows[self.text_pair_column]] if self.text_pair_column else None
         encoded = data.EncodedSplit(data.encode_texts(self.tokenizer, texts, pairs, self.max_seq_length))
         logits = inference.split_logits(self.model, encoded, self.batch_size, precision=self.precision)
         return {**rows, **self.columns(logits)}
@@ -70,9 +74,18 @@ def output_columns(config) -> list[str]:
     return ["predicted_label"] + [f"prob_{config.id2label[i]}" for i in range(config.num_labels)]
 
 
-def run_predict(model_dir: str | Path, input_path: str | Path, output_path: str | Path, *, text_column: str = "text",
-                text_pair_column: str | None = None, batch_size: int = 64, precision: str = "auto",
-                actor_threshold: int = ACTOR_THRESHOLD, num_actors: int = 2) -> int:
+def run_predict(
+    model_dir: str | Path,
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    text_column: str = "text",
+    text_pair_column: str | None = None,
+    batch_size: int = 64,
+    precision: str = "auto",
+    actor_threshold: int = ACTOR_THRESHOLD,
+    num_actors: int = 2,
+) -> int:
     """Predict every row of `input_path` into `output_path`; returns the number of rows written."""
     output_kind = data.file_format(output_path)
     table = data.read_table(input_path)
@@ -100,9 +113,13 @@ def _predict_with_ray(table: pa.Table, args: tuple, precision: str, num_actors: 
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # output rows in input order
     dataset = ray.data.from_arrow(table).map_batches(
-        Predictor, fn_constructor_args=args, fn_constructor_kwargs={"precision": precision},
-        compute=ray.data.ActorPoolStrategy(size=num_actors), batch_size=max(16 * batch_size, 1024),
-        batch_format="numpy")  # each actor call sorts its rows by length: more rows, less padding
+        Predictor,
+        fn_constructor_args=args,
+        fn_constructor_kwargs={"precision": precision},
+        compute=ray.data.ActorPoolStrategy(size=num_actors),
+        batch_size=max(16 * batch_size, 1024),
+        batch_format="numpy",
+    )  # each actor call sorts its rows by length: more rows, less padding
     return pa.concat_tables(ray.get(dataset.to_arrow_refs()))
 
 

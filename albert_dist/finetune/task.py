@@ -8,16 +8,17 @@ Spearman are computed once everything is summed.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from albert_dist.storage import fetch_dir
 from albert_dist.finetune import data, inference, lr_groups, metrics
 from albert_dist.model import AlbertForSequenceClassification
+from albert_dist.storage import fetch_dir
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train.feed import rank_slice
 from albert_dist.train.loop import TaskSpec, TrainingTask
@@ -44,8 +45,10 @@ class EarlyStopping:
         return self.evaluations_without_improvement >= self.patience
 
     def state(self) -> dict[str, float]:
-        return {"best": math.nan if self.best is None else self.best,
-                "evaluations_without_improvement": self.evaluations_without_improvement}
+        return {
+            "best": math.nan if self.best is None else self.best,
+            "evaluations_without_improvement": self.evaluations_without_improvement,
+        }
 
     def restore(self, state: dict[str, float]) -> None:
         self.best = None if math.isnan(state["best"]) else state["best"]
@@ -93,13 +96,14 @@ class SequenceClassificationTask(TrainingTask):
 
     # ------------------------------------------------------------------------------------------------ model
     def build_model(self) -> torch.nn.Module:
-        return AlbertForSequenceClassification.from_pretrained(fetch_dir(self.spec.init_from),
-                                                               allow_pickle=self.spec.allow_pickle,
-                                                               **self.spec.model_overrides)
+        return AlbertForSequenceClassification.from_pretrained(
+            fetch_dir(self.spec.init_from), allow_pickle=self.spec.allow_pickle, **self.spec.model_overrides
+        )
 
     def parameter_groups(self, model, weight_decay):
-        return lr_groups.albert_parameter_groups(model, self.num_hidden_groups(model), weight_decay,
-                                                 self.spec.layer_lr_decay, self.spec.lr_scales)
+        return lr_groups.albert_parameter_groups(
+            model, self.num_hidden_groups(model), weight_decay, self.spec.layer_lr_decay, self.spec.lr_scales
+        )
 
     def num_hidden_groups(self, model) -> int:
         return model.config.num_hidden_groups
@@ -114,8 +118,12 @@ class SequenceClassificationTask(TrainingTask):
 
     # ------------------------------------------------------------------------------------------------- loss
     def loss(self, model, batch):
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    token_type_ids=batch["token_type_ids"], labels=batch["label"])
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            labels=batch["label"],
+        )
         return out.loss, self.statistics(out.logits, out.loss, batch)
 
     def statistics(self, logits: torch.Tensor, loss: torch.Tensor, batch) -> dict[str, torch.Tensor]:
@@ -139,8 +147,9 @@ class SequenceClassificationTask(TrainingTask):
             K = self.num_labels
             out.update(metrics.classification_metrics(np.asarray(sums["confusion"]).reshape(K, K)))
         if "prediction_table" in sums:
-            out.update(metrics.regression_metrics(np.asarray(sums["prediction_table"]),
-                                                  np.asarray(sums["target_table"])))
+            out.update(
+                metrics.regression_metrics(np.asarray(sums["prediction_table"]), np.asarray(sums["target_table"]))
+            )
         return out
 
     # ---------------------------------------------------------------------------------------------- batches
@@ -165,9 +174,13 @@ class SequenceClassificationTask(TrainingTask):
         sees exactly the rows not yet trained on."""
         lengths = self._rows("train")["length"]
         rng = np.random.default_rng([self.spec.seed, epoch])
-        order = (data.length_grouped_order(lengths, self.spec.batch_size * self.world_size, rng,
-                                           self.spec.pad_to_multiple_of)
-                 if self.spec.group_by_length else rng.permutation(len(lengths)))
+        order = (
+            data.length_grouped_order(
+                lengths, self.spec.batch_size * self.world_size, rng, self.spec.pad_to_multiple_of
+            )
+            if self.spec.group_by_length
+            else rng.permutation(len(lengths))
+        )
         return self._batches("train", self.spec.batch_size, order, drop_last=True)
 
     def eval_batches(self):

@@ -19,8 +19,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from albert_dist.errors import AlbertDistError, CheckpointError
-from albert_dist.storage import publish_file
 from albert_dist.model.config import AlbertConfig
+from albert_dist.storage import publish_file
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +32,12 @@ PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
 BACKBONE_PREFIX = "albert."
 # Entries older transformers versions stored that we rebuild instead: the decoder tied to the word embeddings and
 # to predictions.bias, and non-persistent buffers.
-DERIVED_KEY_SUFFIXES = ("predictions.decoder.weight", "predictions.decoder.bias",
-                        "embeddings.position_ids", "embeddings.token_type_ids")
+DERIVED_KEY_SUFFIXES = (
+    "predictions.decoder.weight",
+    "predictions.decoder.bias",
+    "embeddings.position_ids",
+    "embeddings.token_type_ids",
+)
 # Heads of the other ALBERT classes: dropping them (e.g. pretraining heads when fine-tuning) is routine.
 KNOWN_HEAD_PREFIXES = ("predictions.", "sop_classifier.", "classifier.")
 
@@ -45,8 +49,11 @@ def save_pretrained(model, directory: str | os.PathLike) -> None:
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     config = dataclasses.replace(model.config, architectures=[model.architecture])
     # Weights first: a crash in between leaves the previous config beside new weights of the same shapes.
-    publish_file(directory / SAFE_WEIGHTS_NAME, lambda p: save_file(state, str(p), metadata={"format": "pt"}),
-                 error=CheckpointError)
+    publish_file(
+        directory / SAFE_WEIGHTS_NAME,
+        lambda p: save_file(state, str(p), metadata={"format": "pt"}),
+        error=CheckpointError,
+    )
     publish_file(directory / CONFIG_NAME, config.to_json_file, error=CheckpointError)
 
 
@@ -72,12 +79,17 @@ def load_state_dict(directory: str | os.PathLike, allow_pickle: bool = False) ->
     is still read with weights_only=True, which accepts tensors and plain containers only.
     """
     directory = Path(directory)
-    safe, index, pickled = (directory / SAFE_WEIGHTS_NAME, directory / SAFE_WEIGHTS_INDEX_NAME,
-                            directory / PICKLE_WEIGHTS_NAME)
+    safe, index, pickled = (
+        directory / SAFE_WEIGHTS_NAME,
+        directory / SAFE_WEIGHTS_INDEX_NAME,
+        directory / PICKLE_WEIGHTS_NAME,
+    )
     if not (safe.is_file() or index.is_file()) and pickled.is_file() and not allow_pickle:
-        raise CheckpointError(f"{directory} holds its weights only as {PICKLE_WEIGHTS_NAME}, a pickle, which is "
-                              f"refused: convert it to {SAFE_WEIGHTS_NAME}, or opt in with allow_pickle=True "
-                              f"(config: model.allow_pickle=true) to load it with torch.load(weights_only=True)")
+        raise CheckpointError(
+            f"{directory} holds its weights only as {PICKLE_WEIGHTS_NAME}, a pickle, which is "
+            f"refused: convert it to {SAFE_WEIGHTS_NAME}, or opt in with allow_pickle=True "
+            f"(config: model.allow_pickle=true) to load it with torch.load(weights_only=True)"
+        )
     try:
         if safe.is_file():
             return load_file(str(safe))
@@ -100,7 +112,7 @@ def _adapt_keys(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     if hasattr(model, "albert") and not has_prefix:  # a base AlbertModel checkpoint into a model with heads
         return {BACKBONE_PREFIX + k: v for k, v in state.items()}
     if not hasattr(model, "albert") and has_prefix:  # a checkpoint with heads into the base model
-        return {(k[len(BACKBONE_PREFIX):] if k.startswith(BACKBONE_PREFIX) else k): v for k, v in state.items()}
+        return {(k[len(BACKBONE_PREFIX) :] if k.startswith(BACKBONE_PREFIX) else k): v for k, v in state.items()}
     return state
 
 
@@ -111,14 +123,18 @@ def load_weights(model, state: dict[str, torch.Tensor], source: str | os.PathLik
     expected = model.state_dict()
     for key, tensor in state.items():
         if key in expected and tensor.shape != expected[key].shape:
-            raise CheckpointError(f"{source}: {key} has shape {tuple(tensor.shape)} in the checkpoint but "
-                                  f"{tuple(expected[key].shape)} in the model built from its config")
+            raise CheckpointError(
+                f"{source}: {key} has shape {tuple(tensor.shape)} in the checkpoint but "
+                f"{tuple(expected[key].shape)} in the model built from its config"
+            )
     missing, unexpected = model.load_state_dict(state, strict=False)
     optional = model.head_prefixes + ("pooler.", BACKBONE_PREFIX + "pooler.")
     broken = [k for k in missing if not k.startswith(optional)]
     if broken:
-        raise CheckpointError(f"{source}: the checkpoint lacks {len(broken)} backbone weights of "
-                              f"{type(model).__name__} (e.g. {', '.join(broken[:3])}); is it an ALBERT checkpoint?")
+        raise CheckpointError(
+            f"{source}: the checkpoint lacks {len(broken)} backbone weights of "
+            f"{type(model).__name__} (e.g. {', '.join(broken[:3])}); is it an ALBERT checkpoint?"
+        )
     if missing:
         logger.warning("%s: not in the checkpoint, newly initialised: %s", source, ", ".join(missing))
     dropped_heads = [k for k in unexpected if k.startswith(KNOWN_HEAD_PREFIXES)]

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from albert_dist.errors import ConfigError
 
@@ -48,10 +48,10 @@ class AlbertConfig:
     eos_token_id: int = 3
     # Sequence classification. id2label defaults to LABEL_0..LABEL_{num_labels-1}; when given it sets num_labels.
     num_labels: int = 2
-    id2label: Optional[dict[int, str]] = None
-    label2id: Optional[dict[str, int]] = None
-    problem_type: Optional[str] = None  # regression | single_label_classification | multi_label_classification
-    architectures: Optional[list[str]] = None
+    id2label: dict[int, str] | None = None
+    label2id: dict[str, int] | None = None
+    problem_type: str | None = None  # regression | single_label_classification | multi_label_classification
+    architectures: list[str] | None = None
 
     model_type = "albert"
 
@@ -67,18 +67,31 @@ class AlbertConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that cannot work."""
-        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "inner_group_num", "max_position_embeddings", "type_vocab_size",
-                     "num_labels"):
+        for name in (
+            "vocab_size",
+            "embedding_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "inner_group_num",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "num_labels",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} ({value!r}) must be a positive integer")
         if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by "
-                              f"num_attention_heads ({self.num_attention_heads})")
+            raise ConfigError(
+                f"hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
         if not (isinstance(self.num_hidden_groups, int) and 1 <= self.num_hidden_groups <= self.num_hidden_layers):
-            raise ConfigError(f"num_hidden_groups ({self.num_hidden_groups!r}) must be between 1 and "
-                              f"num_hidden_layers ({self.num_hidden_layers})")
+            raise ConfigError(
+                f"num_hidden_groups ({self.num_hidden_groups!r}) must be between 1 and "
+                f"num_hidden_layers ({self.num_hidden_layers})"
+            )
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act ({self.hidden_act!r}) must be one of {', '.join(ACTIVATIONS)}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout_prob"):
@@ -96,7 +109,7 @@ class AlbertConfig:
             raise ConfigError(f"problem_type ({self.problem_type!r}) must be one of {problem_types[1:]} or null")
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "AlbertConfig":
+    def from_preset(cls, name: str, **overrides: Any) -> AlbertConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown ALBERT preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls(**{"embedding_size": 128, **PRESETS[name], **overrides})
@@ -109,7 +122,7 @@ class AlbertConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], **overrides: Any) -> "AlbertConfig":
+    def from_dict(cls, data: dict[str, Any], **overrides: Any) -> AlbertConfig:
         """Build from a dict such as transformers' config.json; keys we do not model are ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in {**data, **overrides}.items() if k in known}
@@ -125,7 +138,7 @@ class AlbertConfig:
             f.write("\n")
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> "AlbertConfig":
+    def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> AlbertConfig:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         if data.get("model_type", "albert") != "albert":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -48,40 +47,42 @@ def layer_to_group(layer: int, num_hidden_layers: int, num_hidden_groups: int) -
 
 # ---------------------------------------------------------------------------------------------------- outputs
 
+
 @dataclass
 class AlbertModelOutput:
     last_hidden_state: Tensor
-    pooler_output: Optional[Tensor] = None
-    hidden_states: Optional[tuple[Tensor, ...]] = None
+    pooler_output: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
 
 
 @dataclass
 class AlbertPreTrainingOutput:
-    loss: Optional[Tensor] = None
-    mlm_loss: Optional[Tensor] = None
-    sop_loss: Optional[Tensor] = None
-    prediction_logits: Optional[Tensor] = None  # [B, T, V] without labels; [N_masked, V] with labels
-    mlm_labels: Optional[Tensor] = None  # [N_masked], the labels of the rows of prediction_logits
-    sop_logits: Optional[Tensor] = None
-    hidden_states: Optional[tuple[Tensor, ...]] = None
+    loss: Tensor | None = None
+    mlm_loss: Tensor | None = None
+    sop_loss: Tensor | None = None
+    prediction_logits: Tensor | None = None  # [B, T, V] without labels; [N_masked, V] with labels
+    mlm_labels: Tensor | None = None  # [N_masked], the labels of the rows of prediction_logits
+    sop_logits: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
 
 
 @dataclass
 class AlbertMaskedLMOutput:
-    loss: Optional[Tensor] = None
-    logits: Optional[Tensor] = None  # as prediction_logits above
-    mlm_labels: Optional[Tensor] = None
-    hidden_states: Optional[tuple[Tensor, ...]] = None
+    loss: Tensor | None = None
+    logits: Tensor | None = None  # as prediction_logits above
+    mlm_labels: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
 
 
 @dataclass
 class AlbertSequenceClassifierOutput:
-    loss: Optional[Tensor] = None
-    logits: Optional[Tensor] = None
-    hidden_states: Optional[tuple[Tensor, ...]] = None
+    loss: Tensor | None = None
+    logits: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
 
 
 # ---------------------------------------------------------------------------------------------------- backbone
+
 
 class AlbertEmbeddings(nn.Module):
     """word (V x E) + position + token type, then LayerNorm and dropout; the E -> H mapping lives in the encoder."""
@@ -95,12 +96,14 @@ class AlbertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None,
-                position_ids: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor:
         T = input_ids.shape[1]
         if T > self.position_embeddings.num_embeddings:
-            raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
-                             f"({self.position_embeddings.num_embeddings})")
+            raise ValueError(
+                f"sequence length {T} exceeds max_position_embeddings ({self.position_embeddings.num_embeddings})"
+            )
         positions = torch.arange(T, device=input_ids.device) if position_ids is None else position_ids
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         if token_type_ids is None:
@@ -125,9 +128,11 @@ class AlbertAttention(nn.Module):
         self.attention_dropout_p = config.attention_probs_dropout_prob
         self.output_dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         B, T, H = x.shape
-        q, k, v = (proj(x).view(B, T, self.num_heads, -1).transpose(1, 2) for proj in (self.query, self.key, self.value))
+        q, k, v = (
+            proj(x).view(B, T, self.num_heads, -1).transpose(1, 2) for proj in (self.query, self.key, self.value)
+        )
         dropout_p = self.attention_dropout_p if self.training else 0.0
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         context = context.transpose(1, 2).reshape(B, T, H)
@@ -145,7 +150,7 @@ class AlbertLayer(nn.Module):
         self.activation = ACT2FN[config.hidden_act]
         self.full_layer_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         x = self.attention(x, mask)
         return self.full_layer_layer_norm(x + self.ffn_output(self.activation(self.ffn(x))))
 
@@ -168,7 +173,7 @@ class AlbertTransformer(nn.Module):
         self.albert_layer_groups = nn.ModuleList(AlbertLayerGroup(config) for _ in range(config.num_hidden_groups))
         self.gradient_checkpointing = False
 
-    def forward(self, x: Tensor, mask: Optional[Tensor], output_hidden_states: bool = False):
+    def forward(self, x: Tensor, mask: Tensor | None, output_hidden_states: bool = False):
         x = self.embedding_hidden_mapping_in(x)
         hidden_states = [x] if output_hidden_states else None
         L, G = self.config.num_hidden_layers, self.config.num_hidden_groups
@@ -185,7 +190,7 @@ class AlbertTransformer(nn.Module):
         return x, tuple(hidden_states) if hidden_states is not None else None
 
 
-def padding_mask(attention_mask: Optional[Tensor]) -> Optional[Tensor]:
+def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
     """Boolean [B, 1, 1, T] key mask for SDPA (True = attend), or None without `attention_mask` (SDPA's unmasked
     fast path).
 
@@ -207,6 +212,7 @@ def sequence_mask(sequence_ids: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- models
+
 
 class AlbertPreTrainedModel(nn.Module):
     """Weight init as transformers, checkpoint I/O and activation checkpointing shared by all ALBERT models."""
@@ -240,7 +246,7 @@ class AlbertPreTrainedModel(nn.Module):
         self.apply(self._init_weights)
 
     @property
-    def backbone(self) -> "AlbertModel":
+    def backbone(self) -> AlbertModel:
         return getattr(self, "albert", self)
 
     @property
@@ -289,10 +295,17 @@ class AlbertModel(AlbertPreTrainedModel):
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
         self.init_weights()
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None, output_hidden_states: bool = False, *,
-                position_ids: Optional[Tensor] = None, sequence_ids: Optional[Tensor] = None,
-                cls_positions: Optional[Tensor] = None) -> AlbertModelOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
+        *,
+        position_ids: Tensor | None = None,
+        sequence_ids: Tensor | None = None,
+        cls_positions: Tensor | None = None,
+    ) -> AlbertModelOutput:
         """Packed rows give `sequence_ids` (attention stays within each sequence; they replace `attention_mask`),
         `position_ids` and `cls_positions`, the flat indices into B × T of each sequence's [CLS]: the pooler then
         reads those, one output per sequence, instead of each row's first token."""
@@ -318,7 +331,7 @@ class AlbertMLMHead(nn.Module):
         return F.linear(self.LayerNorm(self.activation(self.dense(x))), decoder_weight, self.bias)
 
 
-def masked_lm(model: AlbertPreTrainedModel, sequence: Tensor, labels: Optional[Tensor]):
+def masked_lm(model: AlbertPreTrainedModel, sequence: Tensor, labels: Tensor | None):
     """(logits, labels of those rows, loss). With labels, only the positions to predict reach the V-way decoder."""
     decoder_weight = model.albert.embeddings.word_embeddings.weight
     if labels is None:
@@ -352,10 +365,16 @@ class AlbertForPreTraining(AlbertPreTrainedModel):
         self.sop_classifier = AlbertSOPHead(config)
         self.init_weights()
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                sentence_order_label: Optional[Tensor] = None,
-                output_hidden_states: bool = False, **packed: Optional[Tensor]) -> AlbertPreTrainingOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        sentence_order_label: Tensor | None = None,
+        output_hidden_states: bool = False,
+        **packed: Tensor | None,
+    ) -> AlbertPreTrainingOutput:
         """`packed`: `position_ids`, `sequence_ids`, `cls_positions` of packed rows (see `AlbertModel.forward`)."""
         out = self.albert(input_ids, attention_mask, token_type_ids, output_hidden_states, **packed)
         logits, mlm_labels, mlm_loss = masked_lm(self, out.last_hidden_state, labels)
@@ -365,8 +384,14 @@ class AlbertForPreTraining(AlbertPreTrainedModel):
             sop_loss = F.cross_entropy(sop_logits.float(), sentence_order_label.view(-1))
         losses = [l for l in (mlm_loss, sop_loss) if l is not None]
         return AlbertPreTrainingOutput(
-            loss=sum(losses) if losses else None, mlm_loss=mlm_loss, sop_loss=sop_loss, prediction_logits=logits,
-            mlm_labels=mlm_labels, sop_logits=sop_logits, hidden_states=out.hidden_states)
+            loss=sum(losses) if losses else None,
+            mlm_loss=mlm_loss,
+            sop_loss=sop_loss,
+            prediction_logits=logits,
+            mlm_labels=mlm_labels,
+            sop_logits=sop_logits,
+            hidden_states=out.hidden_states,
+        )
 
 
 class AlbertForMaskedLM(AlbertPreTrainedModel):
@@ -379,9 +404,14 @@ class AlbertForMaskedLM(AlbertPreTrainedModel):
         self.predictions = AlbertMLMHead(config)
         self.init_weights()
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                output_hidden_states: bool = False) -> AlbertMaskedLMOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> AlbertMaskedLMOutput:
         out = self.albert(input_ids, attention_mask, token_type_ids, output_hidden_states)
         logits, mlm_labels, loss = masked_lm(self, out.last_hidden_state, labels)
         return AlbertMaskedLMOutput(loss=loss, logits=logits, mlm_labels=mlm_labels, hidden_states=out.hidden_states)
@@ -401,9 +431,14 @@ class AlbertForSequenceClassification(AlbertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                token_type_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                output_hidden_states: bool = False) -> AlbertSequenceClassifierOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> AlbertSequenceClassifierOutput:
         out = self.albert(input_ids, attention_mask, token_type_ids, output_hidden_states)
         logits = self.classifier(self.dropout(out.pooler_output))
         loss = None if labels is None else self.loss(logits, labels)

@@ -21,14 +21,14 @@ import json
 import math
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from albert_dist.storage import is_uri, join_location
 from albert_dist.errors import CheckpointError, disk_full_errors
-from albert_dist.storage import download_dir, publish_bytes, publish_dir, read_bytes, sha256_file
+from albert_dist.storage import download_dir, is_uri, join_location, publish_bytes, publish_dir, read_bytes, sha256_file
 from albert_dist.train.collectives import gather_objects
 
 MANIFEST = "manifest.json"
@@ -37,11 +37,30 @@ MANIFEST = "manifest.json"
 #: same instances and masks, the same losses), and whether kernels are deterministic (the same sums, reproducible).
 #: Every other setting decides what is trained.
 RELAUNCH_MAY_CHANGE = (
-    "run.name", "run.output_dir", "run.resume_changes", "tracking.", "data.output", "data.cache", "data.packing",
-    "scaling.use_gpu", "scaling.cpus_per_worker", "scaling.gpus_per_worker", "scaling.placement_strategy",
-    "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.max_failures", "train.resource_wait_attempts", "train.drain_check_every", "train.publish",
-    "train.peak_tflops", "train.plateau_warning_after", "train.lr_range_", "train.deterministic",
+    "run.name",
+    "run.output_dir",
+    "run.resume_changes",
+    "tracking.",
+    "data.output",
+    "data.cache",
+    "data.packing",
+    "scaling.use_gpu",
+    "scaling.cpus_per_worker",
+    "scaling.gpus_per_worker",
+    "scaling.placement_strategy",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.max_failures",
+    "train.resource_wait_attempts",
+    "train.drain_check_every",
+    "train.publish",
+    "train.peak_tflops",
+    "train.plateau_warning_after",
+    "train.lr_range_",
+    "train.deterministic",
 )
 STATE_FILE = "training_state.pt"
 MODEL_DIR = "model"
@@ -64,8 +83,11 @@ def fingerprint_changes(recorded: dict[str, Any] | None, current: dict[str, Any]
     if not recorded:
         return []
     old, new = recorded.get("settings", {}), current["settings"]
-    changes = [f"{key} {old.get(key, '(unset)')} → {new.get(key, '(unset)')}"
-               for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    changes = [
+        f"{key} {old.get(key, '(unset)')} → {new.get(key, '(unset)')}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]
     if recorded.get("data") != current["data"]:
         changes.append(f"the prepared data (digest {str(recorded.get('data'))[:12]} → {str(current['data'])[:12]})")
     return changes
@@ -73,8 +95,11 @@ def fingerprint_changes(recorded: dict[str, Any] | None, current: dict[str, Any]
 
 def write_manifest(directory: Path, info: dict[str, Any]) -> None:
     """Checksum every file under `directory` and write the manifest last, atomically."""
-    files = {str(p.relative_to(directory)): sha256_file(p)
-             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    files = {
+        str(p.relative_to(directory)): sha256_file(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
     publish_bytes(directory / MANIFEST, json.dumps({**info, "files": files}, indent=2).encode())
 
 
@@ -114,8 +139,9 @@ def load_training_state(directory: Path) -> dict[str, Any]:
     return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
 
 
-def newest_verified(latest: Path | str | None, storage_dir: Path | str,
-                    say: Callable[[str], None] = print) -> Path | str | None:
+def newest_verified(
+    latest: Path | str | None, storage_dir: Path | str, say: Callable[[str], None] = print
+) -> Path | str | None:
     """The newest checkpoint of the run under `storage_dir` (a local path or a URI) that passes its checksums,
     starting from `latest` (the one Ray Train recorded last); `local_copy` gives its files.
 
@@ -148,9 +174,11 @@ def _checkpoint_dirs(storage_dir: Path | str) -> list[Path | str]:
     from albert_dist.storage import filesystem
 
     fs, path = filesystem(str(storage_dir))
-    return [join_location(storage_dir, info.base_name)
-            for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-            if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_")]
+    return [
+        join_location(storage_dir, info.base_name)
+        for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_")
+    ]
 
 
 def local_copy(checkpoint: Path | str) -> Path:
@@ -207,8 +235,9 @@ class CheckpointManager:
         if self.env.is_main and self.env.publish_to is not None:
             publish_dir(join_location(self.env.publish_to, name), lambda d: self.task.save_model(model, d))
 
-    def report(self, metrics: dict[str, Any], model: torch.nn.Module, trainer_state: dict[str, Any] | None,
-               final: bool = False) -> None:
+    def report(
+        self, metrics: dict[str, Any], model: torch.nn.Module, trainer_state: dict[str, Any] | None, final: bool = False
+    ) -> None:
         """Report `metrics`, with a checkpoint of `model` and `trainer_state` when that is given; at the `final`
         step of the run, publish the last model when that is the policy."""
         if final and self.publish == "last":
@@ -221,15 +250,22 @@ class CheckpointManager:
             self.env.report(metrics, None)
             return
         step = trainer_state["step"]
-        state = {**trainer_state, "best": self.best if self.best is not None else float("nan"),
-                 "task": self.task.state(), "rng_states": rng_states}
+        state = {
+            **trainer_state,
+            "best": self.best if self.best is not None else float("nan"),
+            "task": self.task.state(),
+            "rng_states": rng_states,
+        }
         with tempfile.TemporaryDirectory(prefix="albert-ckpt-") as tmp:
             directory = Path(tmp)
             with disk_full_errors(f"the checkpoint of step {step} ({directory}, then the run's storage)"):
                 self.task.save_model(model, directory / MODEL_DIR)
                 self.task.save_training_only(model, directory / MODEL_DIR)
-                save_training_state(directory, state, {"step": step, "epoch": trainer_state["epoch"],
-                                                       "fingerprint": self.env.fingerprint})
+                save_training_state(
+                    directory,
+                    state,
+                    {"step": step, "epoch": trainer_state["epoch"], "fingerprint": self.env.fingerprint},
+                )
                 self.env.report(metrics, directory)
 
     def restore(self, model: torch.nn.Module, directory: Path) -> dict[str, Any]:

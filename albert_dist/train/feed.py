@@ -8,7 +8,8 @@ to start on big clusters but hands rows to ranks in an order that varies between
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -20,9 +21,17 @@ def rank_slice(rows: int, rank: int, world_size: int) -> slice:
     return slice(min(rank * share, rows), min((rank + 1) * share, rows))
 
 
-def rank_batches(source: Any, *, batch_size: int, rank: int, world_size: int, seed: int | None = None,
-                 shuffle_buffer: int = 0, drop_last: bool = True, limit: int | None = None
-                 ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+def rank_batches(
+    source: Any,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int | None = None,
+    shuffle_buffer: int = 0,
+    drop_last: bool = True,
+    limit: int | None = None,
+) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """This rank's slices of the global batches of `source` (a Ray `Dataset` or `DataIterator`), each with the
     position of its first row in the stream of rows (the first global batch's first row is 0).
 

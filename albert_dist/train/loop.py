@@ -14,9 +14,10 @@ import itertools
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -170,11 +171,17 @@ class Trainer:
         if settings.activation_checkpointing:
             self.model.gradient_checkpointing = True
         groups = task.parameter_groups(self.model, settings.weight_decay)
-        self.optimizer = optim.build_optimizer(settings.optimizer, groups, settings.learning_rate,
-                                               (settings.adam_beta1, settings.adam_beta2), settings.adam_epsilon,
-                                               settings.weight_decay)
-        self.scheduler = optim.build_scheduler(self.optimizer, settings.warmup_steps, settings.max_steps,
-                                               settings.lr_decay_power)
+        self.optimizer = optim.build_optimizer(
+            settings.optimizer,
+            groups,
+            settings.learning_rate,
+            (settings.adam_beta1, settings.adam_beta2),
+            settings.adam_epsilon,
+            settings.weight_decay,
+        )
+        self.scheduler = optim.build_scheduler(
+            self.optimizer, settings.warmup_steps, settings.max_steps, settings.lr_decay_power
+        )
         self.scaler = precision.grad_scaler(settings.precision, env.device)
         self.phase_ends = list(itertools.accumulate(task.phases()))
         if self.phase_ends and self.phase_ends[-1] != settings.max_steps:
@@ -247,8 +254,9 @@ class Trainer:
                 self.env.log_metrics({"drain_notice_step": float(step)}, step)
         return notice
 
-    def _evaluate_and_report(self, metrics: dict[str, Any], evaluate: bool, checkpoint: bool, last: bool,
-                             start_step: int) -> bool:
+    def _evaluate_and_report(
+        self, metrics: dict[str, Any], evaluate: bool, checkpoint: bool, last: bool, start_step: int
+    ) -> bool:
         """The end of a step: evaluate (into `metrics`), keep the best model, report with a checkpoint when one is
         due. True when the task stops early."""
         pos = self.position
@@ -266,8 +274,12 @@ class Trainer:
             metrics["replicas_identical"] = float(self.replicas_identical())
             metrics["resumed_from_step"] = float(start_step if self.env.resume_dir is not None else -1)
         if evaluate or checkpoint:
-            self.checkpoints.report({**metrics, "step": pos.step, "epoch": pos.epoch}, self.model,
-                                    self._state() if checkpoint or stop else None, final=last or stop)
+            self.checkpoints.report(
+                {**metrics, "step": pos.step, "epoch": pos.epoch},
+                self.model,
+                self._state() if checkpoint or stop else None,
+                final=last or stop,
+            )
         return stop
 
     def replicas_identical(self) -> bool:
@@ -280,8 +292,9 @@ class Trainer:
         pos = self.position
         pos.phase, pos.epoch, pos.batch_in_epoch = pos.phase + 1, 0, 0
         if self.env.is_main:
-            self.env.print_fn(f"step {pos.step}/{self.settings.max_steps} | phase {pos.phase + 1}/"
-                              f"{len(self.phase_ends)} begins")
+            self.env.print_fn(
+                f"step {pos.step}/{self.settings.max_steps} | phase {pos.phase + 1}/{len(self.phase_ends)} begins"
+            )
 
     def _micro_batches(self) -> Iterator[Batch]:
         """The current phase's micro-batches across epochs, starting at the saved position (already-trained
@@ -296,8 +309,10 @@ class Trainer:
                 pos.batch_in_epoch = index + 1
                 yield batch
             if not produced:
-                raise RuntimeError("the training data gives this worker no batch: use a smaller batch size or "
-                                   "fewer workers, or prepare more data")
+                raise RuntimeError(
+                    "the training data gives this worker no batch: use a smaller batch size or "
+                    "fewer workers, or prepare more data"
+                )
             pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
 
     def _train_step(self, batches: Iterator[Batch], window: dict[str, torch.Tensor | int]) -> None:
@@ -309,15 +324,21 @@ class Trainer:
         for micro in range(accum):
             batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
             sync = micro == accum - 1 or not hasattr(self.wrapped, "no_sync")
-            with (contextlib.nullcontext() if sync else self.wrapped.no_sync()):
+            with contextlib.nullcontext() if sync else self.wrapped.no_sync():
                 with precision.autocast(s.precision, device):
                     loss, stats = self.task.loss(self.wrapped, batch)
                 scaled = loss / accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             _accumulate(window, stats)
-            _accumulate(window, {"tokens": batch["attention_mask"].sum() if "attention_mask" in batch
-                                 else batch["input_ids"].numel(),
-                                 "samples": samples_in(batch)})
+            _accumulate(
+                window,
+                {
+                    "tokens": batch["attention_mask"].sum()
+                    if "attention_mask" in batch
+                    else batch["input_ids"].numel(),
+                    "samples": samples_in(batch),
+                },
+            )
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         # Gradients are identical on every rank after DDP's all-reduce, so every rank takes the same decision.
@@ -332,8 +353,9 @@ class Trainer:
         self.scheduler.step()
         self.nonfinite_run = torch.where(finite, 0, self.nonfinite_run + 1)
         torch.maximum(self.nonfinite_longest, self.nonfinite_run, out=self.nonfinite_longest)
-        _accumulate(window, {"grad_norm": torch.where(finite, norm.detach().float(), 0.0),
-                             "finite_steps": finite.float()})
+        _accumulate(
+            window, {"grad_norm": torch.where(finite, norm.detach().float(), 0.0), "finite_steps": finite.float()}
+        )
 
     # -------------------------------------------------------------------------------------------- metrics
     def _window_metrics(self, window: dict[str, torch.Tensor], steps: int, elapsed: float) -> dict[str, float]:
@@ -342,14 +364,16 @@ class Trainer:
         finite_steps = sums.pop("finite_steps", 0.0)
         grad_norm = sums.pop("grad_norm", float("nan"))
         metrics = self.task.summarize(sums)
-        metrics.update({
-            "learning_rate": self.scheduler.get_last_lr()[0],
-            # both sums run over ranks as well as steps (every rank holds the same norm)
-            "grad_norm": grad_norm / finite_steps if finite_steps else float("nan"),
-            "tokens_per_s": tokens / elapsed,
-            "samples_per_s": samples / elapsed,
-            "skipped_steps": float(steps - finite_steps / self.env.world_size),
-        })
+        metrics.update(
+            {
+                "learning_rate": self.scheduler.get_last_lr()[0],
+                # both sums run over ranks as well as steps (every rank holds the same norm)
+                "grad_norm": grad_norm / finite_steps if finite_steps else float("nan"),
+                "tokens_per_s": tokens / elapsed,
+                "samples_per_s": samples / elapsed,
+                "skipped_steps": float(steps - finite_steps / self.env.world_size),
+            }
+        )
         flops = self.task.flops_per_token(self.model, self.position.phase)
         if flops:
             metrics["model_tflops"] = flops * metrics["tokens_per_s"] / 1e12
@@ -364,10 +388,15 @@ class Trainer:
         if self.env.is_main:
             rate = (step - start_step) / max(1e-9, time.perf_counter() - fit_start)
             eta = (total - step) / rate if rate > 0 else float("inf")
-            shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
-                               if k.endswith(("loss", "accuracy")) and not k.startswith("eval_"))
-            self.env.print_fn(f"step {step}/{total} | {shown} | {metrics['tokens_per_s']:.0f} tok/s "
-                              f"| lr {metrics['learning_rate']:.3g} | ETA {_duration(eta)}")
+            shown = " | ".join(
+                f"{k} {v:.4g}"
+                for k, v in metrics.items()
+                if k.endswith(("loss", "accuracy")) and not k.startswith("eval_")
+            )
+            self.env.print_fn(
+                f"step {step}/{total} | {shown} | {metrics['tokens_per_s']:.0f} tok/s "
+                f"| lr {metrics['learning_rate']:.3g} | ETA {_duration(eta)}"
+            )
 
     def _show_evaluation(self, metrics: dict[str, float]) -> None:
         """The task's evaluation line, and once per run a warning when the model still sits on its baseline."""
@@ -387,7 +416,8 @@ class Trainer:
                 f"warning: {what} {value:.3f} is not {PLATEAU_MARGIN * 100:.0f} point above its baseline "
                 f"{baseline:.3f} after {step / total:.0%} of the run (step {step}/{total}): the model has learned "
                 f"nothing beyond the most frequent piece yet. Find a learning rate that learns with the LR range "
-                f"test: the same command with --set train.lr_range_test=true")
+                f"test: the same command with --set train.lr_range_test=true"
+            )
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -410,7 +440,10 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else {},
-            "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch, "phase": pos.phase,
+            "step": pos.step,
+            "epoch": pos.epoch,
+            "batch_in_epoch": pos.batch_in_epoch,
+            "phase": pos.phase,
         }
 
     def _restore(self, directory: Path) -> None:
@@ -422,13 +455,17 @@ class Trainer:
         self.position = Position(state["step"], state["epoch"], state["batch_in_epoch"], state.get("phase", 0))
         if self.env.is_main:
             phase = f"phase {self.position.phase + 1}, " if self.phase_ends else ""
-            self.env.print_fn(f"resumed from {directory} at step {self.position.step} "
-                              f"({phase}epoch {self.position.epoch}, batch {self.position.batch_in_epoch})")
+            self.env.print_fn(
+                f"resumed from {directory} at step {self.position.step} "
+                f"({phase}epoch {self.position.epoch}, batch {self.position.batch_in_epoch})"
+            )
 
     def _stop_diverged(self, metrics: dict[str, Any], steps: int) -> dict[str, Any]:
-        message = (f"loss or gradients were not finite for {steps} consecutive steps (up to step "
-                   f"{self.position.step}); stopped, the last good checkpoint is kept. Lower train.learning_rate "
-                   f"or use bf16/fp32.")
+        message = (
+            f"loss or gradients were not finite for {steps} consecutive steps (up to step "
+            f"{self.position.step}); stopped, the last good checkpoint is kept. Lower train.learning_rate "
+            f"or use bf16/fp32."
+        )
         if self.env.is_main:
             self.env.print_fn(message)
         return {**metrics, "status": "diverged", "message": message, "step": self.position.step}
@@ -461,8 +498,12 @@ def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict
     keys = sorted(shapes)
     if not keys:
         return {}
-    parts = [torch.as_tensor(sums[k], dtype=torch.float32, device=device).reshape(-1) if k in sums
-             else torch.zeros(math.prod(shapes[k]), device=device) for k in keys]
+    parts = [
+        torch.as_tensor(sums[k], dtype=torch.float32, device=device).reshape(-1)
+        if k in sums
+        else torch.zeros(math.prod(shapes[k]), device=device)
+        for k in keys
+    ]
     packed = torch.cat(parts)
     if distributed:
         dist.all_reduce(packed)
@@ -474,4 +515,6 @@ def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )

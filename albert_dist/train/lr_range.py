@@ -38,8 +38,7 @@ class RangeTest:
 
     def table(self, rows: int = 12) -> str:
         """Loss against learning rate at about `rows` evenly spaced points, the minimum marked."""
-        picks = sorted({round(i * (len(self.losses) - 1) / max(1, rows - 1)) for i in range(rows)} |
-                       {self.best_index})
+        picks = sorted({round(i * (len(self.losses) - 1) / max(1, rows - 1)) for i in range(rows)} | {self.best_index})
         lines = [f"{'learning rate':>14} {'loss':>9} {'smoothed':>9}"]
         for i in picks:
             mark = "  <- lowest" if i == self.best_index else ""
@@ -74,9 +73,14 @@ def run_range_test(task: TrainingTask, settings: PretrainTrainSection, seed: int
     torch.manual_seed(seed)
     model = task.build_model()
     model.train()
-    optimizer = optim.build_optimizer(settings.optimizer, task.parameter_groups(model, settings.weight_decay),
-                                      settings.learning_rate, (settings.adam_beta1, settings.adam_beta2),
-                                      settings.adam_epsilon, settings.weight_decay)
+    optimizer = optim.build_optimizer(
+        settings.optimizer,
+        task.parameter_groups(model, settings.weight_decay),
+        settings.learning_rate,
+        (settings.adam_beta1, settings.adam_beta2),
+        settings.adam_epsilon,
+        settings.weight_decay,
+    )
     steps, low, high = settings.lr_range_steps, settings.lr_range_min, settings.lr_range_max
     result = RangeTest([], [], [])
     average, batches = 0.0, _endless(task)

@@ -8,7 +8,7 @@ so it is written here, following `lamb_optimizer.py` of google-research/albert, 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -20,8 +20,12 @@ def is_decayed(name: str) -> bool:
     return not any(marker in name for marker in NO_DECAY_MARKERS)
 
 
-def parameter_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float,
-                     lr_scale: dict[str, float] | None = None, group_of=None) -> list[dict]:
+def parameter_groups(
+    named_params: Iterable[tuple[str, torch.nn.Parameter]],
+    weight_decay: float,
+    lr_scale: dict[str, float] | None = None,
+    group_of=None,
+) -> list[dict]:
     """Split parameters into decay/no-decay groups, optionally per named group with its own `lr_scale`.
 
     `group_of(name)` names the group of a parameter (e.g. "embeddings", "group0", "head"); `lr_scale[group]`
@@ -37,9 +41,16 @@ def parameter_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], wei
             param.requires_grad_(False)
             continue
         decayed = is_decayed(name)
-        group = groups.setdefault((label, decayed), {
-            "params": [], "weight_decay": weight_decay if decayed else 0.0, "lr_scale": scale,
-            "use_trust_ratio": decayed, "name": f"{label}/{'decay' if decayed else 'no_decay'}"})
+        group = groups.setdefault(
+            (label, decayed),
+            {
+                "params": [],
+                "weight_decay": weight_decay if decayed else 0.0,
+                "lr_scale": scale,
+                "use_trust_ratio": decayed,
+                "name": f"{label}/{'decay' if decayed else 'no_decay'}",
+            },
+        )
         group["params"].append(param)
     return list(groups.values())
 
@@ -73,8 +84,9 @@ class Lamb(torch.optim.Optimizer):
                 self._group_step(group, params, grad_scale, found_inf)
         return loss
 
-    def _group_step(self, group: dict, params: list[torch.Tensor], grad_scale: torch.Tensor | None,
-                    found_inf: torch.Tensor | None) -> None:
+    def _group_step(
+        self, group: dict, params: list[torch.Tensor], grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None
+    ) -> None:
         beta1, beta2 = group["betas"]
         for p in params:
             if not self.state[p]:
@@ -124,8 +136,9 @@ def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> No
         del optimizer.found_inf
 
 
-def build_optimizer(kind: str, groups: list[dict], lr: float, betas: tuple[float, float], eps: float,
-                    weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    kind: str, groups: list[dict], lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+) -> torch.optim.Optimizer:
     for g in groups:
         g["lr"] = lr * g.get("lr_scale", 1.0)
     if kind == "lamb":

@@ -11,9 +11,10 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ray
 import ray.train
@@ -23,9 +24,9 @@ from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, Sc
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from albert_dist.config import ScalingSection, TrainSection
-from albert_dist.storage import filesystem, is_uri, join_location, object_store_error
 from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is_disk_full
 from albert_dist.ray_init import PREEMPTION_WATCHER
+from albert_dist.storage import filesystem, is_uri, join_location, object_store_error
 from albert_dist.train import checkpointing
 from albert_dist.train.collectives import broadcast_object
 from albert_dist.train.loop import TaskSpec, Trainer, WorkerEnv
@@ -50,8 +51,12 @@ def scaling_config(scaling: ScalingSection) -> ScalingConfig:
     resources = {"CPU": scaling.cpus_per_worker}
     if scaling.use_gpu:
         resources["GPU"] = scaling.gpus_per_worker
-    return ScalingConfig(num_workers=scaling.num_workers, use_gpu=scaling.use_gpu, resources_per_worker=resources,
-                         placement_strategy=scaling.placement_strategy)
+    return ScalingConfig(
+        num_workers=scaling.num_workers,
+        use_gpu=scaling.use_gpu,
+        resources_per_worker=resources,
+        placement_strategy=scaling.placement_strategy,
+    )
 
 
 def torch_threads(scaling: ScalingSection) -> int:
@@ -61,11 +66,22 @@ def torch_threads(scaling: ScalingSection) -> int:
     return max(1, int(scaling.cpus_per_worker))
 
 
-def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: TrainSection, scaling: ScalingSection,
-                 seed: int, datasets: dict[str, Any] | None = None, split_datasets: bool = False,
-                 tracking: tuple[str, str] | None = None, publish_to: Path | str | None = None,
-                 callbacks: list | None = None, fingerprint: dict[str, Any] | None = None,
-                 resume_changes: str = "refuse") -> TrainingResult:
+def run_training(
+    *,
+    name: str,
+    storage_path: Path | str,
+    task: TaskSpec,
+    train: TrainSection,
+    scaling: ScalingSection,
+    seed: int,
+    datasets: dict[str, Any] | None = None,
+    split_datasets: bool = False,
+    tracking: tuple[str, str] | None = None,
+    publish_to: Path | str | None = None,
+    callbacks: list | None = None,
+    fingerprint: dict[str, Any] | None = None,
+    resume_changes: str = "refuse",
+) -> TrainingResult:
     """Fit the task `task` describes with the shared loop on `scaling.num_workers` Ray Train workers.
 
     Each worker builds its `TrainingTask` from `task` (`TaskSpec.build`). Datasets are passed whole to every
@@ -88,16 +104,27 @@ def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: 
     storage_fs, storage_in_fs = filesystem(str(storage_path)) if is_uri(storage_path) else (None, str(storage_path))
     trainer = ray.train.torch.TorchTrainer(
         _train_worker,
-        train_loop_config={"task": task, "train": train.model_dump(),
-                           "seed": seed, "tracking": tracking, "storage_dir": str(storage_dir),
-                           "publish_to": str(publish_to) if publish_to else None,
-                           "torch_threads": torch_threads(scaling), "fingerprint": fingerprint},
+        train_loop_config={
+            "task": task,
+            "train": train.model_dump(),
+            "seed": seed,
+            "tracking": tracking,
+            "storage_dir": str(storage_dir),
+            "publish_to": str(publish_to) if publish_to else None,
+            "torch_threads": torch_threads(scaling),
+            "fingerprint": fingerprint,
+        },
         scaling_config=scaling_config(scaling),
-        run_config=RunConfig(name=name, storage_path=storage_in_fs, storage_filesystem=storage_fs,
-                             checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
-                             failure_config=FailureConfig(max_failures=train.max_failures,
-                                                          controller_failure_limit=train.resource_wait_attempts),
-                             callbacks=callbacks or None),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_in_fs,
+            storage_filesystem=storage_fs,
+            checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
+            failure_config=FailureConfig(
+                max_failures=train.max_failures, controller_failure_limit=train.resource_wait_attempts
+            ),
+            callbacks=callbacks or None,
+        ),
         datasets=datasets or None,
         dataset_config=DataConfig(datasets_to_split="all" if split_datasets else [], execution_options=options),
     )
@@ -109,7 +136,8 @@ def run_training(*, name: str, storage_path: Path | str, task: TaskSpec, train: 
         raise _user_error([err.controller_failure], storage_dir) or TrainingStalled(
             f"training {name!r} could not get its workers' resources back ({train.resource_wait_attempts} attempts: "
             f"{err.controller_failure}); the last checkpoint is kept in {storage_dir}: relaunch the same "
-            f"run.name to resume once the cluster has {scaling.num_workers} worker slot(s) again") from None
+            f"run.name to resume once the cluster has {scaling.num_workers} worker slot(s) again"
+        ) from None
     if tracking is not None:
         from albert_dist.metrics_log import STATE_FILE, send_left_behind
 
@@ -161,8 +189,10 @@ def _set_aside_unreadable_ray_record(storage_dir: Path | str) -> None:
     except (OSError, ValueError):
         aside = record.with_name(record.name + ".unreadable")
         record.replace(aside)
-        print(f"warning: Ray Train's record of the run's checkpoints was unreadable (written while the disk was "
-              f"full, or cut off by a crash); set aside as {aside}: resuming from the newest checkpoint that verifies")
+        print(
+            f"warning: Ray Train's record of the run's checkpoints was unreadable (written while the disk was "
+            f"full, or cut off by a crash); set aside as {aside}: resuming from the newest checkpoint that verifies"
+        )
 
 
 def training_data_context() -> None:
@@ -188,8 +218,13 @@ class ChangedRelaunch(ConfigError):
     """A relaunch whose settings or data differ from what its checkpoints were trained with."""
 
 
-def _check_relaunch(storage_dir: Path | str, name: str, fingerprint: dict[str, Any], resume_changes: str,
-                    tracking: tuple[str, str] | None) -> None:
+def _check_relaunch(
+    storage_dir: Path | str,
+    name: str,
+    fingerprint: dict[str, Any],
+    resume_changes: str,
+    tracking: tuple[str, str] | None,
+) -> None:
     """Refuse (or, with `resume_changes` "allow", record in MLflow) a relaunch that would resume checkpoints
     trained with other settings or data."""
     latest = resume_directory(None, storage_dir, _silent) if is_uri(storage_dir) or storage_dir.is_dir() else None
@@ -206,7 +241,8 @@ def _check_relaunch(storage_dir: Path | str, name: str, fingerprint: dict[str, A
             f"run {name!r} has checkpoints up to step {step} trained with other settings: "
             f"{'; '.join(changes)}. Resuming would continue their optimizer state under the new ones. Use another "
             f"run.name for a new run, or --set run.resume_changes=allow to resume anyway (the changes are recorded "
-            f"in MLflow).")
+            f"in MLflow)."
+        )
     print(f"resuming step {step} with changes (run.resume_changes=allow): {'; '.join(changes)}")
     if tracking is not None:
         from albert_dist import tracking as mlflow_tracking
@@ -225,18 +261,26 @@ def _train_worker(config: dict[str, Any]) -> dict[str, Any]:
         from albert_dist.metrics_log import STATE_FILE, MetricsLogger, quick_failing_requests
 
         quick_failing_requests()
-        logger = MetricsLogger(*config["tracking"], skip_replayed=True,
-                               state_file=join_location(config["storage_dir"], STATE_FILE))
+        logger = MetricsLogger(
+            *config["tracking"], skip_replayed=True, state_file=join_location(config["storage_dir"], STATE_FILE)
+        )
     # rank 0 picks the checkpoint (verifying it) and every rank resumes from that one (downloaded to its machine
     # when the storage is a URI)
     storage_dir = join_location(config["storage_dir"])
     chosen = resume_directory(ray.train.get_checkpoint(), storage_dir) if rank == 0 else None
     chosen = broadcast_object(chosen, world_size)
-    env = WorkerEnv(rank=rank, world_size=world_size, device=ray.train.torch.get_device(),
-                    wrap_model=ray.train.torch.prepare_model, report=_report, log_metrics=logger,
-                    publish_to=join_location(config["publish_to"]) if config["publish_to"] else None,
-                    resume_dir=checkpointing.local_copy(chosen) if chosen else None, fingerprint=config["fingerprint"],
-                    draining=_draining if os.environ.get(PREEMPTION_WATCHER, "1") != "0" else None)
+    env = WorkerEnv(
+        rank=rank,
+        world_size=world_size,
+        device=ray.train.torch.get_device(),
+        wrap_model=ray.train.torch.prepare_model,
+        report=_report,
+        log_metrics=logger,
+        publish_to=join_location(config["publish_to"]) if config["publish_to"] else None,
+        resume_dir=checkpointing.local_copy(chosen) if chosen else None,
+        fingerprint=config["fingerprint"],
+        draining=_draining if os.environ.get(PREEMPTION_WATCHER, "1") != "0" else None,
+    )
     train = TrainSection.model_validate(config["train"])
     result = Trainer(task, train, env, seed=config["seed"]).fit()
     if logger is not None:
@@ -253,8 +297,9 @@ def _report(metrics: dict[str, Any], checkpoint_dir: Path | None) -> None:
     ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def resume_directory(checkpoint: "ray.train.Checkpoint | None", storage_dir: Path | str,
-                     say: Callable[[str], None] = print) -> Path | str | None:
+def resume_directory(
+    checkpoint: ray.train.Checkpoint | None, storage_dir: Path | str, say: Callable[[str], None] = print
+) -> Path | str | None:
     """The newest checkpoint of the run that verifies, starting from the one Ray Train hands back (in a URI
     storage, its path is the bucket's: the checkpoint is found by name under `storage_dir`)."""
     if checkpoint is None:
@@ -268,5 +313,3 @@ def resume_directory(checkpoint: "ray.train.Checkpoint | None", storage_dir: Pat
 
 def _silent(_: str) -> None:
     pass
-
-

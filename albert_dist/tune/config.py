@@ -52,12 +52,17 @@ class TuneJobConfig(Section):
 
     kind: ClassVar[str]  # the registered job a trial runs (job_registry)
     job: Section  # declared first (narrowed by subclasses) so that the search space is checked against it
-    run: RunSection = Field(default_factory=lambda: RunSection(name="sweep", output_dir="runs/sweeps"),
-                            description="The sweep lives in <output_dir>/<name>; relaunching the name resumes it.")
-    search_space: dict[str, Any] = Field(default_factory=dict, description="dotted job field → "
-                                         "{loguniform|uniform: [lo, hi]} | {randint: [lo, hi)} | {choice: [...]}")
-    metric: str | None = Field(None, description="A dev metric the loop reports (eval_*); default: "
-                                                 "eval_<finetune.metric>.")
+    run: RunSection = Field(
+        default_factory=lambda: RunSection(name="sweep", output_dir="runs/sweeps"),
+        description="The sweep lives in <output_dir>/<name>; relaunching the name resumes it.",
+    )
+    search_space: dict[str, Any] = Field(
+        default_factory=dict,
+        description="dotted job field → {loguniform|uniform: [lo, hi]} | {randint: [lo, hi)} | {choice: [...]}",
+    )
+    metric: str | None = Field(
+        None, description="A dev metric the loop reports (eval_*); default: eval_<finetune.metric>."
+    )
     mode: Literal["max", "min"] | None = Field(None, description="Default: min for losses, else max.")
     num_samples: int = Field(8, ge=1)
     max_concurrent_trials: int = Field(2, ge=1)

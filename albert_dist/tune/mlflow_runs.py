@@ -26,21 +26,41 @@ CHILD_STATUS = {"completed": "FINISHED", "early-stopped": "KILLED", "error": "FA
 def parent_run(cfg):
     """The tracked parent run of the sweep `cfg` (a `tracking.job_run` context), in the job's tracking store and
     experiment."""
-    return tracking.job_run(cfg, f"tune-{cfg.kind}", settings=cfg.job, run_dir=cfg.sweep_dir, run_name=cfg.run.name,
-                            params={"metric": cfg.tune_metric, "mode": cfg.tune_mode, "num_samples": cfg.num_samples,
-                                    "search_alg": cfg.search_alg, "scheduler": cfg.scheduler.kind,
-                                    **{f"space.{k}": json.dumps(v) for k, v in cfg.search_space.items()}})
+    return tracking.job_run(
+        cfg,
+        f"tune-{cfg.kind}",
+        settings=cfg.job,
+        run_dir=cfg.sweep_dir,
+        run_name=cfg.run.name,
+        params={
+            "metric": cfg.tune_metric,
+            "mode": cfg.tune_mode,
+            "num_samples": cfg.num_samples,
+            "search_alg": cfg.search_alg,
+            "scheduler": cfg.scheduler.kind,
+            **{f"space.{k}": json.dumps(v) for k, v in cfg.search_space.items()},
+        },
+    )
 
 
 def child_run(uri: str, parent_id: str, trial_id: str, run_dir: Path) -> str:
     """The trial's child run (found by its trial id, else created), recorded in `run_dir` for the driver."""
     client = MlflowClient(tracking_uri=uri)
     experiment_id = client.get_run(parent_id).info.experiment_id
-    found = client.search_runs([experiment_id], max_results=1, filter_string=(
-        f"tags.`{PARENT_TAG}` = '{parent_id}' and tags.`{TRIAL_TAG}` = '{trial_id}'"))
-    run_id = found[0].info.run_id if found else client.create_run(
-        experiment_id, run_name=trial_id,
-        tags={PARENT_TAG: parent_id, TRIAL_TAG: trial_id, **tracking.default_tags()}).info.run_id
+    found = client.search_runs(
+        [experiment_id],
+        max_results=1,
+        filter_string=(f"tags.`{PARENT_TAG}` = '{parent_id}' and tags.`{TRIAL_TAG}` = '{trial_id}'"),
+    )
+    run_id = (
+        found[0].info.run_id
+        if found
+        else client.create_run(
+            experiment_id,
+            run_name=trial_id,
+            tags={PARENT_TAG: parent_id, TRIAL_TAG: trial_id, **tracking.default_tags()},
+        ).info.run_id
+    )
     publish_text(run_dir / tracking.RUN_ID_FILE, run_id)
     return run_id
 
@@ -71,12 +91,14 @@ class ChildCloser(tune.Callback):
 
     def _close(self, trial, errored: bool) -> None:
         run_dir = self.trials_dir / trial.trial_id
-        close_child(self.uri, run_dir, stop_reason(run_dir, errored), self.metric,
-                    trial_best(trial, self.metric, self.mode))
+        close_child(
+            self.uri, run_dir, stop_reason(run_dir, errored), self.metric, trial_best(trial, self.metric, self.mode)
+        )
 
 
-def publish_best(parent: tracking.JobRun, metric: str, best: dict[str, Any], params: list[str],
-                 files: list[Path], job, name: str) -> None:
+def publish_best(
+    parent: tracking.JobRun, metric: str, best: dict[str, Any], params: list[str], files: list[Path], job, name: str
+) -> None:
     """Tag the parent with the best trial (id, metric, config), attach the sweep's files and log the best model
     (published) as the parent's MLflow model `<name>-best`, registered when the job's `tracking.register_model` names a model."""
     from albert_dist.finetune.job import classifier_model

@@ -52,8 +52,9 @@ def _plain(value: Any) -> Any:
 def rows(results, params: list[str], metric: str, mode: str, sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per trial of a Tune `ResultGrid`, best first: its best reported `metric` over its evaluations and
     the other evaluation metrics (`eval_*`, as in MLflow) of that evaluation."""
-    frame_columns = [c for result in results if result.metrics_dataframe is not None
-                     for c in result.metrics_dataframe.columns]
+    frame_columns = [
+        c for result in results if result.metrics_dataframe is not None for c in result.metrics_dataframe.columns
+    ]
     others = sorted({c for c in frame_columns if c.startswith("eval_") and c != metric})
     out = []
     for result in results:
@@ -61,10 +62,17 @@ def rows(results, params: list[str], metric: str, mode: str, sweep_dir: Path) ->
         best = best_evaluation(result.metrics_dataframe, metric, mode)
         errored = result.error is not None
         config = result.config or {}  # None for a trial that failed before its first report
-        out.append({"trial_id": trial_id, **{p: config.get(p) for p in params},
-                    metric: best.get(metric), **{name: best.get(name) for name in others},
-                    "evaluations": best.get("evaluations", 0), "status": "ERROR" if errored else "TERMINATED",
-                    "stop_reason": stop_reason(trials_dir(sweep_dir) / trial_id, errored)})
+        out.append(
+            {
+                "trial_id": trial_id,
+                **{p: config.get(p) for p in params},
+                metric: best.get(metric),
+                **{name: best.get(name) for name in others},
+                "evaluations": best.get("evaluations", 0),
+                "status": "ERROR" if errored else "TERMINATED",
+                "stop_reason": stop_reason(trials_dir(sweep_dir) / trial_id, errored),
+            }
+        )
     sign = -1 if mode == "max" else 1
     return sorted(out, key=lambda r: (r[metric] is None, sign * (r[metric] or 0.0), r["trial_id"]))
 
@@ -79,8 +87,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no trials)"
     columns = list(rows[0])
-    cells = [columns] + [[STOP_REASONS[r[c]] if c == "stop_reason" else _cell(r[c]) for c in columns]
-                         for r in rows]
+    cells = [columns] + [[STOP_REASONS[r[c]] if c == "stop_reason" else _cell(r[c]) for c in columns] for r in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     lines = ["  ".join(text.ljust(w) for text, w in zip(line, widths)).rstrip() for line in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -109,8 +116,10 @@ class TrialProgress(tune.Callback):
     def _ended(self, trial, how: str) -> None:
         self.ended += 1
         best = trial_best(trial, self.metric, self.mode)
-        print(f"sweep: trial {trial.trial_id} {how} after {trial.last_result.get('training_iteration', 0)} "
-              f"evaluation(s), best {self.metric} {_cell(best)} ({self.ended}/{self.num_samples} trials)")
+        print(
+            f"sweep: trial {trial.trial_id} {how} after {trial.last_result.get('training_iteration', 0)} "
+            f"evaluation(s), best {self.metric} {_cell(best)} ({self.ended}/{self.num_samples} trials)"
+        )
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -133,8 +142,11 @@ def plot(rows: list[dict[str, Any]], space: dict, metric: str, path: Path) -> Pa
     fig, axes = plt.subplots(1, len(space), figsize=(4 * len(space), 3.2), squeeze=False)
     for ax, (name, dist) in zip(axes[0], space.items()):
         for reason, colour in colours.items():
-            points = [(str(r[name]) if dist.kind == "choice" else r[name], r[metric]) for r in rows
-                      if r["stop_reason"] == reason and r[metric] is not None]
+            points = [
+                (str(r[name]) if dist.kind == "choice" else r[name], r[metric])
+                for r in rows
+                if r["stop_reason"] == reason and r[metric] is not None
+            ]
             if points:
                 ax.scatter(*zip(*points), c=colour, label=STOP_REASONS[reason], s=24)
         if dist.kind == "loguniform":

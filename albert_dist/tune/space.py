@@ -41,7 +41,7 @@ def parse(name: str, spec: Any) -> Distribution:
     """One distribution; ValueError names the parameter and what is wrong."""
     if not isinstance(spec, dict) or len(spec) != 1:
         raise ValueError(f"{name}: expected one distribution as {{kind: args}}, e.g. {{loguniform: [1e-5, 1e-4]}}")
-    (kind, args), = spec.items()
+    ((kind, args),) = spec.items()
     if kind not in KINDS:
         raise ValueError(f"{name}: unknown distribution {kind!r} (use {', '.join(KINDS)})")
     if not isinstance(args, list) or not args:
@@ -50,8 +50,7 @@ def parse(name: str, spec: Any) -> Distribution:
         return Distribution(kind, tuple(args))
     number = int if kind == "randint" else (int, float)
     if len(args) != 2 or not all(isinstance(a, number) and not isinstance(a, bool) for a in args):
-        raise ValueError(f"{name}: {kind} takes [lo, hi] {'integers' if kind == 'randint' else 'numbers'}, "
-                         f"got {args}")
+        raise ValueError(f"{name}: {kind} takes [lo, hi] {'integers' if kind == 'randint' else 'numbers'}, got {args}")
     lo, hi = args
     if lo >= hi:
         raise ValueError(f"{name}: {kind} needs lo < hi, got [{lo}, {hi}]")

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.config import dump_yaml
-from albert_dist.job_registry import Command
 from albert_dist.console import quiet_optuna, tune_verbosity
 from albert_dist.errors import AlbertDistError
-from albert_dist.storage import publish_dir
+from albert_dist.job_registry import Command
 from albert_dist.redaction import redact_url
+from albert_dist.storage import publish_dir
 from albert_dist.tracking import JobRun
-from albert_dist.tune import mlflow_runs, report, space
 from albert_dist.train.checkpointing import PUBLISHED_MODEL
+from albert_dist.tune import mlflow_runs, report, space
 from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig, TuneJobConfig
 from albert_dist.tune.trainable import TrialSetup, run_trial
 
@@ -47,25 +47,45 @@ def _tuner(cfg: TuneJobConfig, trainable, uri: str):
         print(f"resuming the sweep in {sweep_dir}")
         return tune.Tuner.restore(str(sweep_dir), trainable, resume_errored=True)
     s = cfg.scheduler
-    scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=s.grace_period,
-                              reduction_factor=s.reduction_factor, max_t=s.max_t) if s.kind == "asha" else None
+    scheduler = (
+        ASHAScheduler(
+            time_attr="training_iteration",
+            grace_period=s.grace_period,
+            reduction_factor=s.reduction_factor,
+            max_t=s.max_t,
+        )
+        if s.kind == "asha"
+        else None
+    )
     # Tune applies max_concurrent_trials to a Searcher (Optuna) itself, not to a BasicVariantGenerator instance.
     if cfg.search_alg == "optuna":
         quiet_optuna()
-    search = OptunaSearch(seed=cfg.run.seed) if cfg.search_alg == "optuna" else BasicVariantGenerator(
-        max_concurrent=cfg.max_concurrent_trials, random_state=cfg.run.seed)
+    search = (
+        OptunaSearch(seed=cfg.run.seed)
+        if cfg.search_alg == "optuna"
+        else BasicVariantGenerator(max_concurrent=cfg.max_concurrent_trials, random_state=cfg.run.seed)
+    )
     return tune.Tuner(
         trainable,
         param_space={name: dist.to_tune() for name, dist in cfg.distributions.items()},
-        tune_config=tune.TuneConfig(metric=cfg.tune_metric, mode=cfg.tune_mode, search_alg=search,
-                                    scheduler=scheduler, num_samples=cfg.num_samples,
-                                    max_concurrent_trials=cfg.max_concurrent_trials),
+        tune_config=tune.TuneConfig(
+            metric=cfg.tune_metric,
+            mode=cfg.tune_mode,
+            search_alg=search,
+            scheduler=scheduler,
+            num_samples=cfg.num_samples,
+            max_concurrent_trials=cfg.max_concurrent_trials,
+        ),
         run_config=tune.RunConfig(
-            name=cfg.run.name, storage_path=str(sweep_dir.parent),
+            name=cfg.run.name,
+            storage_path=str(sweep_dir.parent),
             verbose=tune_verbosity(),  # Tune's live tables (a hundred lines a sweep) with --verbose only
-            callbacks=[mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir), cfg.tune_metric, cfg.tune_mode),
-                       report.TrialProgress(cfg.tune_metric, cfg.tune_mode, list(cfg.distributions),
-                                            cfg.num_samples)]))
+            callbacks=[
+                mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir), cfg.tune_metric, cfg.tune_mode),
+                report.TrialProgress(cfg.tune_metric, cfg.tune_mode, list(cfg.distributions), cfg.num_samples),
+            ],
+        ),
+    )
 
 
 def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
@@ -75,9 +95,15 @@ def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
 
     ensure_ray()
     with mlflow_runs.parent_run(cfg) as parent:
-        setup = TrialSetup(job=cfg.job, kind=cfg.kind, sweep_dir=cfg.sweep_dir, tracking_uri=parent.uri,
-                           parent_run_id=parent.run_id, metric=cfg.tune_metric,
-                           scaling=cfg.resources_per_trial.scaling_overrides())
+        setup = TrialSetup(
+            job=cfg.job,
+            kind=cfg.kind,
+            sweep_dir=cfg.sweep_dir,
+            tracking_uri=parent.uri,
+            parent_run_id=parent.run_id,
+            metric=cfg.tune_metric,
+            scaling=cfg.resources_per_trial.scaling_overrides(),
+        )
         # The trial function only waits on its TorchTrainer, whose workers hold the trial's CPUs/GPUs (Tune
         # refuses a trial of no resources at all, hence a token share of one CPU).
         trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": 0.01})
@@ -90,21 +116,26 @@ def publish(cfg: TuneJobConfig, results, parent: JobRun) -> SweepOutcome:
     metric, mode, sweep_dir, names = cfg.tune_metric, cfg.tune_mode, cfg.sweep_dir, list(cfg.search_space)
     rows = report.rows(results, names, metric, mode, sweep_dir)
     for row in rows:  # idempotent; catches trials whose sweep driver died before Tune's callback ran
-        mlflow_runs.close_child(parent.uri, report.trials_dir(sweep_dir) / row["trial_id"], row["stop_reason"],
-                                metric, row[metric])
+        mlflow_runs.close_child(
+            parent.uri, report.trials_dir(sweep_dir) / row["trial_id"], row["stop_reason"], metric, row[metric]
+        )
     best = rows[0] if rows and rows[0][metric] is not None else None
     if best is None:
         raise AlbertDistError(f"no trial of the sweep {cfg.run.name} reported {metric}; see {sweep_dir}")
     best_job = space.with_values(cfg.job, {k: best[k] for k in names}, run={"name": f"{cfg.run.name}-best"})
     best_config = sweep_dir / f"best_{cfg.kind}.yaml"  # under its own run name: running it leaves the trial be
-    best_config.write_text(f"# best trial {best['trial_id']} of sweep {cfg.run.name}: {metric} {best[metric]:.4g}\n"
-                           + dump_yaml(best_job))
+    best_config.write_text(
+        f"# best trial {best['trial_id']} of sweep {cfg.run.name}: {metric} {best[metric]:.4g}\n" + dump_yaml(best_job)
+    )
     best_model = sweep_dir / "best_model"
     source = report.trials_dir(sweep_dir) / best["trial_id"] / PUBLISHED_MODEL
     publish_dir(best_model, lambda d: shutil.copytree(source, d, dirs_exist_ok=True))
     parent.published(best_model)
-    files = [report.write_csv(rows, sweep_dir / "trials.csv"),
-             report.plot(rows, cfg.distributions, metric, sweep_dir / "trials.png"), best_config]
+    files = [
+        report.write_csv(rows, sweep_dir / "trials.csv"),
+        report.plot(rows, cfg.distributions, metric, sweep_dir / "trials.png"),
+        best_config,
+    ]
     mlflow_runs.publish_best(parent, metric, best, names, files, cfg.job, cfg.run.name)
     return SweepOutcome(rows, best, best_config, best_model, parent.uri, parent.run_id)
 
@@ -119,7 +150,6 @@ def run_tune(cfg: TuneJobConfig) -> int:
     print(f"best model: {outcome.best_model}")
     print(f"MLflow parent run {outcome.parent_run_id} at {redact_url(outcome.tracking_uri)}")
     return 0
-
 
 
 FINETUNE_SWEEP = Command(FinetuneTuneConfig, run_tune)

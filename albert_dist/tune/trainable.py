@@ -38,8 +38,10 @@ class EvalReportCallback(TuneReportCallback):
 
 def evaluation_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """The `eval_*` metrics of a report, then its step and epoch."""
-    return {**{k: v for k, v in metrics.items() if k.startswith("eval_")},
-            **{k: metrics[k] for k in ("step", "epoch") if k in metrics}}
+    return {
+        **{k: v for k, v in metrics.items() if k.startswith("eval_")},
+        **{k: metrics[k] for k in ("step", "epoch") if k in metrics},
+    }
 
 
 @dataclass
@@ -55,11 +57,14 @@ class TrialSetup:
     scaling: dict[str, Any] = field(default_factory=dict)
 
     def job_for(self, params: dict[str, Any], trial_id: str) -> Section:
-        return space.with_values(self.job, params,
-                                 run={"name": trial_id, "output_dir": str(trials_dir(self.sweep_dir))},
-                                 # trials register no model: the sweep registers its best
-                                 tracking={"tracking_uri": self.tracking_uri, "register_model": None},
-                                 scaling=self.scaling)
+        return space.with_values(
+            self.job,
+            params,
+            run={"name": trial_id, "output_dir": str(trials_dir(self.sweep_dir))},
+            # trials register no model: the sweep registers its best
+            tracking={"tracking_uri": self.tracking_uri, "register_model": None},
+            scaling=self.scaling,
+        )
 
 
 def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
@@ -70,5 +75,6 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     cfg = setup.job_for(params, trial_id)
     mlflow_runs.child_run(setup.tracking_uri, setup.parent_run_id, trial_id, cfg.run.run_dir)
     outcome = job_registry.get(setup.kind).load().run(cfg, callbacks=[EvalReportCallback(setup.metric)])
-    (cfg.run.run_dir / OUTCOME_FILE).write_text(json.dumps({"model_dir": str(outcome.model_dir),
-                                                            "metrics": outcome.metrics}, indent=1))
+    (cfg.run.run_dir / OUTCOME_FILE).write_text(
+        json.dumps({"model_dir": str(outcome.model_dir), "metrics": outcome.metrics}, indent=1)
+    )
