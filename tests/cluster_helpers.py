@@ -46,3 +46,77 @@ def pretrain_args(name: str, steps: int) -> list[str]:
             "train.eval_batches=2",
         ),
     ]
+
+
+def train_while(cluster, name: str, storage, task, train, change_nodes) -> None:
+    """One training worker's run on `cluster` in a thread while the main thread changes its nodes (Ray starts a
+    node from the main thread only); prints `RESULT {"step": N}` or `ERROR message` for the test to read."""
+    import json
+    import threading
+
+    import ray
+
+    from albert_dist.config import ScalingSection
+    from albert_dist.errors import AlbertDistError
+    from albert_dist.train.ray_runner import run_training
+
+    def fit() -> None:
+        try:
+            result = run_training(
+                name=name,
+                storage_path=storage,
+                task=task,
+                train=train,
+                scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
+                seed=0,
+            )
+        except AlbertDistError as err:
+            print(f"ERROR {err}", flush=True)
+            return
+        print("RESULT " + json.dumps({"step": result.metrics["step"]}), flush=True)
+
+    training = threading.Thread(target=fit)
+    training.start()
+    try:
+        change_nodes()
+        training.join()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def run_own_cluster(script, args: list[str], tmp_path, prefix: str, **env_vars: str) -> str:
+    """`python script args` beside the session's Ray, with a Ray temp dir of its own (a Cluster announces itself
+    in $RAY_TMPDIR/ray/ray_current_cluster, where any other ray.init() on the machine would find it; short, for
+    the socket paths); returns its output, kept in tmp_path/output.txt, after asserting it ended well."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    ray_tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")}
+    env.update(PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]), RAY_TMPDIR=ray_tmp, **env_vars)
+    try:
+        run = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    out = run.stdout + run.stderr
+    (tmp_path / "output.txt").write_text(out)
+    assert run.returncode == 0, out[-6000:]
+    return out
+
+
+def one_worker_node_cluster():
+    """A `ray.cluster_utils.Cluster` whose head has no CPU and one worker node of one CPU, connected to: a training
+    worker can only run on that node. Returns the cluster and the node."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    node = cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=True)
+    return cluster, node

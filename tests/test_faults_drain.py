@@ -10,18 +10,14 @@ when the deadline passes, as a cloud reclaims a spot instance; then another node
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cluster_helpers import one_worker_node_cluster, run_own_cluster, train_while
 
 from albert_dist.train.loop import TaskSpec
 
@@ -98,16 +94,9 @@ def reclaim(cluster, node, root: Path) -> None:
 
 
 def main(root: Path) -> None:
-    import ray
-    from ray.cluster_utils import Cluster
+    from albert_dist.config import TrainSection
 
-    from albert_dist.config import ScalingSection, TrainSection
-    from albert_dist.errors import AlbertDistError
-    from albert_dist.train.ray_runner import run_training
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    node = cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=True)
+    cluster, node = one_worker_node_cluster()
     train = TrainSection(
         max_steps=MAX_STEPS,
         warmup_steps=2,
@@ -122,49 +111,20 @@ def main(root: Path) -> None:
         resource_wait_attempts=-1,
     )
 
-    def fit() -> None:
-        try:
-            result = run_training(
-                name="drain",
-                storage_path=root / "ray",
-                task=CountedKeywordTask(str(root)),
-                train=train,
-                scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
-                seed=0,
-            )
-        except AlbertDistError as err:
-            print(f"ERROR {err}", flush=True)
-            return
-        print("RESULT " + json.dumps({"step": result.metrics["step"]}), flush=True)
-
-    training = threading.Thread(target=fit)
-    training.start()
-    try:
-        reclaim(cluster, node, root)
-        training.join()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    train_while(
+        cluster, "drain", root / "ray", CountedKeywordTask(str(root)), train, lambda: reclaim(cluster, node, root)
+    )
 
 
 def test_a_drain_notice_checkpoints_before_the_deadline_and_the_run_goes_on(tmp_path):
-    ray_tmp = tempfile.mkdtemp(prefix="rd-", dir="/tmp")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")}
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]),
-        RAY_TMPDIR=ray_tmp,
+    out = run_own_cluster(
+        __file__,
+        [str(tmp_path)],
+        tmp_path,
+        "rd-",
         RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="0.5",
         RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30",
     )
-    try:
-        run = subprocess.run(
-            [sys.executable, __file__, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
-        )
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    out = run.stdout + run.stderr
-    (tmp_path / "output.txt").write_text(out)
-    assert run.returncode == 0, out[-6000:]
     noticed = int(re.search(r"drain notice at step (\d+)", out)[1])
     # the checkpoint of the step the notice reached, written before the deadline: the only one before the end
     written = re.search(r"checkpoints \[(\d+)\] with ([\d.]+) s left", out)

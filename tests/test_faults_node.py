@@ -8,19 +8,15 @@ so the training worker can only run on the worker node, which is removed after t
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cluster_helpers import one_worker_node_cluster, run_own_cluster, train_while
 from process_helpers import train_workers_of, wait_until_gone
 
 from albert_dist.train.loop import TaskSpec
@@ -73,16 +69,9 @@ def replace_node_after_first_checkpoint(cluster, node, root: Path, comes_back: b
 
 def main(root: Path, comes_back: bool) -> None:
     """Training runs in a thread; the main thread changes the nodes (Ray starts a node from the main thread only)."""
-    import ray
-    from ray.cluster_utils import Cluster
+    from albert_dist.config import TrainSection
 
-    from albert_dist.config import ScalingSection, TrainSection
-    from albert_dist.errors import AlbertDistError
-    from albert_dist.train.ray_runner import run_training
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    node = cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=True)
+    cluster, node = one_worker_node_cluster()
     storage = root / "ray"
     train = TrainSection(
         max_steps=MAX_STEPS,
@@ -97,55 +86,25 @@ def main(root: Path, comes_back: bool) -> None:
         resource_wait_attempts=-1 if comes_back else 1,
     )
 
-    def fit() -> None:
-        try:
-            result = run_training(
-                name="node",
-                storage_path=storage,
-                task=HeldKeywordTask(str(root)),
-                train=train,
-                scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
-                seed=0,
-            )
-        except AlbertDistError as err:
-            print(f"ERROR {err}", flush=True)
-            return
-        print("RESULT " + json.dumps({"step": result.metrics["step"]}), flush=True)
-
-    training = threading.Thread(target=fit)
-    training.start()
-    try:
-        replace_node_after_first_checkpoint(cluster, node, root, comes_back)
-        training.join()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    train_while(
+        cluster,
+        "node",
+        storage,
+        HeldKeywordTask(str(root)),
+        train,
+        lambda: replace_node_after_first_checkpoint(cluster, node, root, comes_back),
+    )
 
 
 @pytest.mark.parametrize("comes_back", [True, False], ids=["node-returns", "node-never-returns"])
 def test_training_survives_a_removed_node(tmp_path, comes_back):
-    # Its own Ray temp dir: a Cluster announces itself in $RAY_TMPDIR/ray/ray_current_cluster, where any other
-    # ray.init() on the machine would find it. Short, for the socket paths.
-    ray_tmp = tempfile.mkdtemp(prefix="rn-", dir="/tmp")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # not the session's Ray
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]),
-        RAY_TMPDIR=ray_tmp,
+    out = run_own_cluster(
+        __file__,
+        [str(tmp_path), str(comes_back)],
+        tmp_path,
+        "rn-",
         RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30" if comes_back else "10",
     )
-    try:
-        run = subprocess.run(
-            [sys.executable, __file__, str(tmp_path), str(comes_back)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    out = run.stdout + run.stderr
-    (tmp_path / "output.txt").write_text(out)
-    assert run.returncode == 0, out[-6000:]
     assert "node removed" in out, out[-6000:]
     assert "training workers on it: 1, not gone within 60 s: 0" in out, out[-6000:]  # the fault hit it
     if comes_back:
