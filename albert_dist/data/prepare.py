@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -172,7 +173,7 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(ranges, d.text_field, tally, num_cpus=_READ_CPUS)
     cpus = ray.cluster_resources().get("CPU", 1.0)
-    actors = d.tokenizer_actors or max(1, int(cpus - _READ_CPUS))
+    actors = d.tokenizer_actors or max(1, math.ceil(cpus - _READ_CPUS))
     # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
     # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
     # actor fails the preparation, which is published atomically and runs again whole. Ray Data 2.60 deprecates
