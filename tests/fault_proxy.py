@@ -11,7 +11,8 @@ It reads each request whole (head and body: `Content-Length` or chunked, as the 
 - answered 403 AccessDenied (credentials revoked), for every request once `deny` is set.
 
 Every request is recorded with what was done to it, so that a test can show its fault hit its own run; a trigger
-can start a refusal window when a chosen request has gone through (mid-run by construction).
+can start a refusal window when a chosen request has gone through, before its client has the answer (mid-run by
+construction, however fast the run).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ DENIED = (
 class Request:
     at: float  # time.monotonic() when its head arrived
     method: str
-    path: str
+    path: str  # without its query: a multipart upload's parts (`?partNumber=1&uploadId=…`) name their object
     outcome: str  # forwarded, slowdown, refused (a refusal window's 503), reset, delayed, denied
     status: int | None = None  # the server's status for a forwarded one
 
@@ -117,10 +118,9 @@ class FaultProxy:
                 head = _read_head(reader)
                 if head is None:
                     return
-                method, path = head[0].split(b" ")[:2]
-                request = Request(
-                    time.monotonic(), method.decode(), path.decode(), self._decide(method.decode(), path.decode())
-                )
+                method, target = head[0].decode().split(" ")[:2]
+                path = target.partition("?")[0]
+                request = Request(time.monotonic(), method, path, self._decide(method, path))
                 with self._lock:
                     self.requests.append(request)
                 if request.outcome == "reset":  # while the client is still sending its body
@@ -138,15 +138,14 @@ class FaultProxy:
                         b"HTTP/1.1 "
                         + status
                         + b"\r\nContent-Type: application/xml\r\nContent-Length: "
-                        + str(0 if method == b"HEAD" else len(text)).encode()
+                        + str(0 if method == "HEAD" else len(text)).encode()
                         + b"\r\n\r\n"
-                        + (b"" if method == b"HEAD" else text)
+                        + (b"" if method == "HEAD" else text)
                     )
                     continue  # the connection stays usable, as a real server's after an error
                 if request.outcome == "delayed":
                     time.sleep(self.delay_s)
-                request.status = self._forward(client, head, body)
-                self._fire_triggers(request)
+                self._forward(client, request, head, body)
                 return  # the server closed its connection: so does the proxy (its answer said Connection: close)
         except OSError:
             return
@@ -168,15 +167,18 @@ class FaultProxy:
                 return {"slowdown": "slowdown", "reset": "reset", "delay": "delayed"}[self._random.choice(self.kinds)]
         return "forwarded"
 
-    def _forward(self, client: socket.socket, head: list[bytes], body: bytes) -> int:
+    def _forward(self, client: socket.socket, request: Request, head: list[bytes], body: bytes) -> None:
+        """Relays the request and the server's answer; the triggers it fires run before the client has the answer,
+        so that what they change holds for every request the client sends after this one."""
         kept = [line for line in head[1:] if line.split(b":")[0].strip().lower() not in (b"connection", b"expect")]
         with socket.create_connection(self.upstream) as server:
             server.sendall(b"\r\n".join([head[0], *kept, b"Connection: close", b"", b""]) + body)
             answer = b""
             while chunk := server.recv(1 << 16):
                 answer += chunk
+        request.status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+        self._fire_triggers(request)
         client.sendall(answer)
-        return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
 
     def _fire_triggers(self, request: Request) -> None:
         succeeded = request.status is not None and 200 <= request.status < 300

@@ -58,8 +58,19 @@ def _constant(node: ast.AST | None) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
+def _module_names(tree: ast.AST) -> set[str]:
+    """The names `import x` / `import x.y as z` bind in `tree`: `functools.cache` reads no config."""
+    return {
+        alias.asname or alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+
+
 def reads(tree: ast.AST) -> Iterator[str]:
-    """The names `tree` reads in the rule's sense (validators skipped)."""
+    """The names `tree` reads in the rule's sense (validators and attributes of imported modules skipped)."""
+    modules = _module_names(tree)
     stack = [tree]
     while stack:
         node = stack.pop()
@@ -67,7 +78,8 @@ def reads(tree: ast.AST) -> Iterator[str]:
             continue
         stack.extend(ast.iter_child_nodes(node))
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            yield node.attr
+            if not (isinstance(node.value, ast.Name) and node.value.id in modules):
+                yield node.attr
         elif isinstance(node, ast.Subscript) and _constant(node.slice):
             yield _constant(node.slice)
         elif (
@@ -165,3 +177,14 @@ def use(cfg):
 """
     assert set(reads(ast.parse(source))) >= {"used", "keyed", "iterated"}
     assert "only_checked" not in set(reads(ast.parse(source)))
+
+
+def test_an_attribute_of_an_imported_module_is_not_a_read():
+    source = """
+import functools
+import re as regex
+@functools.cache
+def use(cfg):
+    return regex.compile(cfg.pattern)
+"""
+    assert set(reads(ast.parse(source))) == {"pattern"}

@@ -27,6 +27,7 @@ TESTS = Path(__file__).resolve().parent
 MAX_STEPS = 40
 DRAIN_AT_STEP = 8
 DEADLINE_S = 25
+STEP_AFTER_NOTICE_S = 0.25  # the steps left after the notice take 8 s, a third of the deadline
 
 
 def checkpoint_steps(root: Path) -> list[int]:
@@ -35,9 +36,10 @@ def checkpoint_steps(root: Path) -> list[int]:
 
 @dataclass(frozen=True)
 class CountedKeywordTask(TaskSpec):
-    """test_loop's KeywordTask, counting its training steps in ROOT/steps. The first worker, once a checkpoint
-    exists, waits to be taken down with its node, so the run cannot finish before the reclaim however slow the
-    machine; the worker of the restart runs freely."""
+    """test_loop's KeywordTask, counting its training steps in ROOT/steps. The first worker waits at step
+    DRAIN_AT_STEP for the drain notice (ROOT/noticed), then takes STEP_AFTER_NOTICE_S a step, so that Ray's
+    watcher (polling every 0.5 s) is heard well before the run could end, however fast the machine; once a
+    checkpoint exists it waits to be taken down with its node. The worker of the restart runs freely."""
 
     root: str
 
@@ -47,14 +49,21 @@ class CountedKeywordTask(TaskSpec):
         root = Path(self.root)
         first_worker = not checkpoint_steps(root)
 
+        def wait_while(condition) -> None:
+            deadline = time.time() + 300
+            while condition() and time.time() < deadline:
+                time.sleep(0.1)
+
         class Counted(KeywordTask):
             def loss(self, model, batch):
                 if first_worker:
                     with open(root / "steps", "a") as steps:
                         steps.write(".")
-                    deadline = time.time() + 300
-                    while checkpoint_steps(root) and time.time() < deadline:
-                        time.sleep(0.2)
+                    if len((root / "steps").read_text()) == DRAIN_AT_STEP:
+                        wait_while(lambda: not (root / "noticed").exists())
+                    elif (root / "noticed").exists():
+                        time.sleep(STEP_AFTER_NOTICE_S)
+                    wait_while(lambda: checkpoint_steps(root))
                 return super().loss(model, batch)
 
         return Counted()
@@ -82,6 +91,7 @@ def reclaim(cluster, node, root: Path) -> None:
     while not (steps.exists() and len(steps.read_text()) >= DRAIN_AT_STEP) and time.time() < give_up:
         time.sleep(0.1)
     deadline = drain(cluster, node, DEADLINE_S)
+    (root / "noticed").touch()
     print(f"drain notice at step {len(steps.read_text())}", flush=True)
     while not checkpoint_steps(root) and time.time() < deadline:
         time.sleep(0.1)

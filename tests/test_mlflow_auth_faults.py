@@ -9,15 +9,17 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 
 import pytest
+from fault_proxy import FaultProxy
 from mlflow_server import free_port, start_server, stop_server
 from test_cluster_multinode import basic_auth_config
+from test_s3 import cli_args
 
 from albert_dist.metrics_log import MetricsLogger
 
 TRAINER = "trainer"
+REFUSED = 3  # batches of metrics the server refuses before the permission is given back
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +111,12 @@ def test_metrics_refused_for_credentials_are_kept_and_sent_when_access_returns(a
 
 @pytest.mark.slow
 def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth_server, tmp_path, stdlib_corpus):
-    """A real pretraining run (its own local Ray, the trainer's credentials): once its first metrics reach the
-    server, the trainer's permission on the experiment is removed; training goes on, rank 0 keeps the refused
-    metrics in its state file; the permission is given back, and every logged step is in MLflow exactly once,
-    the run FINISHED, no traceback in the output."""
+    """A real pretraining run (its own local Ray, the trainer's credentials) reaches the server through a proxy:
+    once its first metrics are stored, and before the run has the server's answer, the trainer's permission on the
+    experiment is removed; training goes on while the server refuses its next REFUSED batches of metrics (403),
+    which rank 0 keeps in its state file; the permission is then given back, and every logged step is in MLflow
+    exactly once, the run FINISHED, no traceback in the output. The proxy's triggers make this hold however fast
+    the run."""
     from mlflow.tracking import MlflowClient
 
     uri, password = auth_server
@@ -126,23 +130,19 @@ def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth
     prepare = [
         "data",
         "prepare",
-        "--set",
         f"run.output_dir={tmp_path / 'runs'}",
-        "--set",
         f"data.output={prepared}",
-        "--set",
         f"data.inputs=[{corpus}]",
-        "--set",
         "tokenizer.vocab_size=300",
-        "--set",
         "data.eval_fraction=0.1",
-        "--set",
         "data.max_seq_length=64",
     ]
-    overrides = [
+    proxy = FaultProxy(uri)
+    pretrain = [
+        "pretrain",
         f"run.output_dir={tmp_path / 'runs'}",
         "run.name=refused",
-        f"tracking.tracking_uri={uri}",
+        f"tracking.tracking_uri={proxy.url}",
         "tracking.experiment=auth-faults-training",
         f"data.output={prepared}",
         "model.embedding_size=32",
@@ -160,40 +160,40 @@ def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth
         "train.checkpoint_every=20",
         "train.eval_batches=2",
     ]
-    pretrain = ["pretrain", *[item for o in overrides for item in ("--set", o)]]
-    script = f"import sys\nfrom albert_dist.cli import main\nsys.exit(main({prepare!r}) or main({pretrain!r}))"
-    log = tmp_path / "job.log"
+    script = f"import sys\nfrom albert_dist.cli import main\nsys.exit(main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))"
     state = tmp_path / "runs" / "refused" / "ray" / "refused" / "tracked_metrics.json"
     admin, client = users(uri), MlflowClient(uri)
-    with open(log, "w") as out:
-        job = subprocess.Popen(
-            [sys.executable, "-c", script], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True
-        )
+    log_batch = lambda method, path: method == "POST" and path.endswith("/runs/log-batch")  # noqa: E731
+    refused, held = [], {}
+
+    def revoke() -> None:
+        experiment = client.get_experiment_by_name("auth-faults-training").experiment_id
+        admin.revoke_user_permission(TRAINER, "experiment", experiment)
+        proxy.after(log_batch, lambda: refused_batch(experiment), any_status=True)
+
+    def refused_batch(experiment: str) -> None:
+        refused.append(proxy.requests[-1])
+        if len(refused) < REFUSED:
+            proxy.after(log_batch, lambda: refused_batch(experiment), any_status=True)
+            return
+        held.update(json.loads(state.read_text()))  # rank 0 waits for this answer: what it holds so far
+        admin.grant_user_permission(TRAINER, "experiment", experiment, "MANAGE")
+
+    proxy.after(log_batch, revoke)
     try:
-        deadline = time.monotonic() + 900
-        run = None
-        while run is None or not loss_steps(uri, run.info.run_id):  # the first metrics are in
-            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-            experiment = client.get_experiment_by_name("auth-faults-training")
-            runs = client.search_runs([experiment.experiment_id]) if experiment else []
-            run = runs[0] if runs else None
-        admin.revoke_user_permission(TRAINER, "experiment", experiment.experiment_id)
-        refused_at = loss_steps(uri, run.info.run_id)[-1]
-        while not json.loads(state.read_text())["pending"]:  # rank 0 is holding refused metrics
-            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        held = json.loads(state.read_text())
-        admin.grant_user_permission(TRAINER, "experiment", experiment.experiment_id, "MANAGE")
-        assert job.wait(timeout=600) == 0, log.read_text()[-3000:]
+        job = subprocess.run(
+            [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900
+        )
     finally:
-        if job.poll() is None:
-            job.kill()
-    output = log.read_text()
-    assert held["last_step"] < 40, "the refusal began after training ended"
+        proxy.close()
+    output = job.stdout + job.stderr
+    assert job.returncode == 0, output[-3000:]
+    assert [r.status for r in refused] == [403] * REFUSED, refused
+    assert len(held["pending"]) >= 1 and held["last_step"] < 40, held
     assert "warning: MLflow refused our credentials (" in output and "PERMISSION_DENIED" in output, output[-3000:]
     assert "Traceback" not in output and password not in output
     assert "done: step 40" in output
-    assert refused_at < 40 and loss_steps(uri, run.info.run_id) == list(range(2, 41, 2))
+    [run] = client.search_runs([client.get_experiment_by_name("auth-faults-training").experiment_id])
+    assert loss_steps(uri, run.info.run_id) == list(range(2, 41, 2))
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert json.loads(state.read_text())["pending"] == []

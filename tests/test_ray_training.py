@@ -87,9 +87,10 @@ class KeywordSpec(TaskSpec):
 
 
 def test_a_diverged_run_stops_with_its_message_and_keeps_the_last_good_checkpoint(tmp_path, ray_session):
-    """The loss turns NaN for good after 5 calls: the run stops 3 non-finite steps later with the loop's message,
-    though the stop reports no checkpoint for Ray to carry it, and the checkpoint of step 4 stays."""
-    with pytest.raises(TrainingDiverged, match="not finite for 3 consecutive steps"):
+    """The loss turns NaN for good after 5 calls: at the next log (step 8; the count stays on the device between
+    logs) 4 non-finite steps reach the limit of 3 and the run stops with the loop's message, though the stop reports
+    no checkpoint for Ray to carry it, and the checkpoint of step 4 stays."""
+    with pytest.raises(TrainingDiverged, match=r"not finite for 4 consecutive steps \(up to step 8\)"):
         run_training(
             name="diverged",
             storage_path=tmp_path,
