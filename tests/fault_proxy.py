@@ -50,7 +50,8 @@ class FaultProxy:
     `share` of the requests (chosen with a seeded generator) get one of `kinds`: "slowdown", "reset" or
     "delay". `refuse_for(seconds)` answers every request 503 SlowDown for that long; `deny = True` answers every
     request 403 AccessDenied. `after(match, action)` runs `action()` once, after the first forwarded request with
-    a 2xx answer (any answer with `any_status`) for which `match(method, path)` is true."""
+    a 2xx answer (any answer with `any_status`) for which `match(method, path)` is true and whose body holds
+    `body_has`."""
 
     def __init__(
         self,
@@ -69,7 +70,7 @@ class FaultProxy:
         self._refuse_until = 0.0
         self._random = random.Random(seed)
         self._lock = threading.Lock()
-        self._triggers: list[tuple[Callable[[str, str], bool], Callable[[], None], bool]] = []
+        self._triggers: list[tuple[Callable[[str, str], bool], Callable[[], None], bool, bytes]] = []
         self._forced: list[tuple[Callable[[str, str], bool], str]] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -86,9 +87,15 @@ class FaultProxy:
         with self._lock:
             self._forced.append((match, outcome))
 
-    def after(self, match: Callable[[str, str], bool], action: Callable[[], None], any_status: bool = False) -> None:
+    def after(
+        self,
+        match: Callable[[str, str], bool],
+        action: Callable[[], None],
+        any_status: bool = False,
+        body_has: bytes = b"",
+    ) -> None:
         with self._lock:
-            self._triggers.append((match, action, any_status))
+            self._triggers.append((match, action, any_status, body_has))
 
     def outcomes(self, since: float = 0.0) -> dict[str, int]:
         """How many requests got each outcome (since a time.monotonic() value)."""
@@ -177,15 +184,17 @@ class FaultProxy:
             while chunk := server.recv(1 << 16):
                 answer += chunk
         request.status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
-        self._fire_triggers(request)
+        self._fire_triggers(request, body)
         client.sendall(answer)
 
-    def _fire_triggers(self, request: Request) -> None:
+    def _fire_triggers(self, request: Request, body: bytes) -> None:
         succeeded = request.status is not None and 200 <= request.status < 300
         with self._lock:
-            due = [t for t in self._triggers if (succeeded or t[2]) and t[0](request.method, request.path)]
+            due = [
+                t for t in self._triggers if (succeeded or t[2]) and t[3] in body and t[0](request.method, request.path)
+            ]
             self._triggers = [t for t in self._triggers if t not in due]
-        for _, action, _ in due:
+        for _, action, _, _ in due:
             action()
 
 

@@ -179,7 +179,7 @@ def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth
         held.update(json.loads(state.read_text()))  # rank 0 waits for this answer: what it holds so far
         admin.grant_user_permission(TRAINER, "experiment", experiment, "MANAGE")
 
-    proxy.after(log_batch, revoke)
+    proxy.after(log_batch, revoke, body_has=b'"mlm_loss"')  # rank 0's metrics, not the driver's params
     try:
         job = subprocess.run(
             [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900
