@@ -140,7 +140,7 @@ def test_a_drain_notice_checkpoints_before_the_deadline_and_the_run_goes_on(tmp_
     written = re.search(r"checkpoints \[(\d+)\] with ([\d.]+) s left", out)
     assert written, out[-6000:]
     step = int(written[1])
-    assert noticed <= step < MAX_STEPS and float(written[2]) > 0, out[-6000:]
+    assert noticed == DRAIN_AT_STEP <= step < MAX_STEPS and float(written[2]) > 0, out[-6000:]
     assert "node reclaimed" in out and "node added" in out, out[-6000:]
     assert re.search(rf"resumed from \S+ at step {step} ", out), out[-6000:]
     # max_failures=0: had the reclaim counted as a failure, the run would have stopped with it

@@ -304,6 +304,12 @@ def test_resume_takes_the_newest_checkpoint_that_verifies(tmp_path):
     (recorded / "weights.bin").write_bytes(b"corrupted")
     assert resume_directory(None, tmp_path, said.append) == older  # no record: the newest that verifies
     assert "checkpoint_b" in said[-1] and "does not match its checksum" in said[-1]
+    (older / "weights.bin").write_bytes(b"corrupted")
+    with pytest.raises(CheckpointError, match="every one failed its checksums"):  # Ray recorded one: damaged
+        resume_directory(Checkpoint.from_directory(str(recorded)), tmp_path, said.append)
+    # no record and none complete: the first checkpoint was cut off by a crash, the run starts again
+    assert resume_directory(None, tmp_path, said.append) is None
+    assert "starts from the beginning" in said[-1]
 
 
 def test_fingerprint_keeps_what_decides_the_training_and_names_its_changes():

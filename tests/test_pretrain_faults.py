@@ -70,7 +70,7 @@ def _launch(root: Path, name: str) -> subprocess.Popen:
 def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen | None = None, timeout: float = 300) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if checkpoints(run_dir):
+        if verifying_steps(run_dir):  # complete: Ray copies a checkpoint file by file
             return True
         assert process is None or process.poll() is None, process.stdout.read()
         time.sleep(0.05)

@@ -147,7 +147,8 @@ def newest_verified(
 
     A checkpoint that fails verification (truncated, corrupted) is skipped with a message naming it, and the
     previous one of the same run is used instead. A complete checkpoint that Ray had not registered yet when the
-    driver died (its manifest is written before Ray records it) is used too.
+    driver died (its manifest is written before Ray records it) is used too. With none that verifies, a run Ray
+    recorded a checkpoint of fails (its stored state is damaged); one it recorded none of starts again.
     """
     siblings = [p for p in _checkpoint_dirs(storage_dir) if p != latest]
     # newest first; at equal steps Ray's record first (a stable sort keeps it ahead)
@@ -162,6 +163,9 @@ def newest_verified(
             say(f"resuming from the previous good checkpoint {candidate}")
         return candidate
     if not candidates:
+        return None
+    if latest is None:  # nothing registered: a crash cut off the first checkpoint, there is nothing to lose
+        say("warning: no checkpoint of this run was complete; training starts from the beginning")
         return None
     raise CheckpointError(f"no valid checkpoint under {storage_dir}: every one failed its checksums")
 
