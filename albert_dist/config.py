@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from albert_dist.errors import ConfigError
 from albert_dist.redaction import redact_url, refuse_uri_credentials
@@ -24,29 +24,13 @@ class Section(BaseModel):
     key_hints: ClassVar[dict[str, str]] = {}
 
 
-class OutputSection(Section):
-    """Data preparation's `run:`: where its outputs go (`data.output` under it; data.seed seeds it)."""
+def _output_dir(uri_allowed: bool):
+    """run.output_dir's check: a local or mounted path, or (for the jobs whose run directory may live in object
+    storage) a URI without credentials in it."""
 
-    key_hints = {
-        "name": "data preparation writes to data.output, under run.output_dir",
-        "seed": "data preparation is seeded by data.seed",
-    }
-
-    #: whether run.output_dir may be a URI (pretraining and fine-tuning, `StoredRunSection`)
-    uri_output: ClassVar[bool] = False
-
-    output_dir: str = Field(
-        "runs",
-        description="Root of checkpoints, prepared data and the default MLflow store: "
-        "a local or mounted path (data.output may be a URI; pretrain and "
-        "finetune also take an s3:// or gs:// URI here).",
-    )
-
-    @field_validator("output_dir")
-    @classmethod
-    def _local_output_dir(cls, output_dir: str) -> str:
+    def check(output_dir: str) -> str:
         if is_uri(output_dir):
-            if cls.uri_output:
+            if uri_allowed:
                 refuse_uri_credentials(output_dir)
                 return output_dir
             raise ValueError(
@@ -57,8 +41,32 @@ class OutputSection(Section):
             )
         return output_dir
 
+    return Annotated[
+        str,
+        Field(
+            description="Root of checkpoints, prepared data and the default MLflow store: a local or mounted "
+            "path (data.output may be a URI; pretrain and finetune also take an s3:// or gs:// URI here)."
+        ),
+        AfterValidator(check),
+    ]
 
-class RunSection(OutputSection):
+
+LocalOutputDir = _output_dir(uri_allowed=False)
+StoredOutputDir = _output_dir(uri_allowed=True)
+
+
+class OutputSection(Section):
+    """Data preparation's `run:`: where its outputs go (`data.output` under it; data.seed seeds it)."""
+
+    key_hints = {
+        "name": "data preparation writes to data.output, under run.output_dir",
+        "seed": "data preparation is seeded by data.seed",
+    }
+
+    output_dir: LocalOutputDir = "runs"
+
+
+class RunSection(Section):
     """A named run (its directory under output_dir) and its seed: a sweep's, the demo's."""
 
     key_hints = {
@@ -66,6 +74,7 @@ class RunSection(OutputSection):
         "demo starts afresh"
     }
 
+    output_dir: LocalOutputDir = "runs"
     name: str = Field("albert", min_length=1, description="Stable run name: relaunching the same name resumes it.")
     seed: int = 0
 
@@ -99,8 +108,7 @@ class TrainingRunSection(RunSection):
     (`s3://bucket/prefix`): Ray Train stores the checkpoints there, the workers their metrics state, the jobs their
     models and MLflow run id (distillation refuses one: `DistillJobConfig`)."""
 
-    uri_output = True
-
+    output_dir: StoredOutputDir = "runs"
     resume_changes: Literal["refuse", "allow"] = Field(
         "refuse",
         description="When checkpoints of run.name were trained with other settings or data: refuse (stop, "
@@ -396,16 +404,18 @@ class TrainBase(Section):
     )
 
 
+def _warmup_fits(train: TrainBase) -> TrainBase:
+    if train.warmup_steps > train.max_steps:
+        raise ValueError(f"warmup_steps ({train.warmup_steps}) exceeds max_steps ({train.max_steps})")
+    return train
+
+
 class TrainSection(TrainBase):
     """What the training loop reads."""
 
     warmup_steps: int = Field(100, ge=0)
 
-    @model_validator(mode="after")
-    def _warmup_fits(self) -> TrainSection:
-        if self.warmup_steps > self.max_steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
-        return self
+    _warmup_fits = model_validator(mode="after")(_warmup_fits)
 
 
 class PhaseSection(Section):
@@ -427,10 +437,16 @@ class PhaseSection(Section):
     _data_without_secrets = field_validator("data")(classmethod(lambda cls, value: without_credentials(value)))
 
 
-class PretrainingTrainSection(TrainSection):
-    """TrainSection plus what the pretraining task reads: the held-out batches, the plateau warning and the
-    sequence-length phases."""
+class PretrainTrainSection(TrainBase):
+    """Pretraining's `train:` (albert-dist pretrain's, the demo's): the loop's settings (`loop_settings`) plus what
+    the pretraining task reads, the held-out batches, the plateau warning and the sequence-length phases."""
 
+    key_hints = {
+        name: f"the learning-rate range test is albert-dist pretrain's own section: lr_range.{name[9:]}"
+        for name in ("lr_range_test", "lr_range_steps", "lr_range_min", "lr_range_max")
+    }
+
+    warmup_steps: int = Field(100, ge=0)
     eval_batches: int = Field(
         20,
         gt=0,
@@ -471,8 +487,10 @@ class PretrainingTrainSection(TrainSection):
                 pass  # field validation names what is wrong with the phases
         return values
 
+    _warmup_fits = model_validator(mode="after")(_warmup_fits)
+
     @model_validator(mode="after")
-    def _phases_fill_the_run(self) -> PretrainingTrainSection:
+    def _phases_fill_the_run(self) -> PretrainTrainSection:
         total = sum(phase.steps for phase in self.phases)
         if self.phases and total != self.max_steps:
             raise ValueError(
@@ -486,30 +504,23 @@ class PretrainingTrainSection(TrainSection):
         return TrainSection.model_validate(self.model_dump(include=set(TrainSection.model_fields)))
 
 
-PretrainingTrainSection.key_hints = {
-    name: "the learning-rate range test is albert-dist pretrain's"
-    for name in ("lr_range_test", "lr_range_steps", "lr_range_min", "lr_range_max")
-}
+class LrRangeSection(Section):
+    """`albert-dist pretrain`'s learning-rate range test, run instead of training when `test` is true: `steps`
+    steps of train.optimizer, the rate growing exponentially from `min` to `max`."""
 
-
-class PretrainTrainSection(PretrainingTrainSection):
-    """`albert-dist pretrain`'s `train:`, with the learning-rate range test the driver runs instead of training."""
-
-    lr_range_test: bool = Field(
+    test: bool = Field(
         False,
-        description="Instead of training, run a learning-rate range test "
-        "(lr_range_steps steps, the rate growing exponentially from "
-        "lr_range_min to lr_range_max), print loss against rate and a "
-        "suggested train.learning_rate, log the plot to MLflow.",
+        description="Instead of training, run the test, print loss against rate and a suggested "
+        "train.learning_rate, log the plot to MLflow.",
     )
-    lr_range_steps: int = Field(100, ge=5)
-    lr_range_min: float = Field(1e-5, gt=0)
-    lr_range_max: float = Field(1.0, gt=0)
+    steps: int = Field(100, ge=5)
+    min: float = Field(1e-5, gt=0)
+    max: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
-    def _range_ordered(self) -> PretrainTrainSection:
-        if self.lr_range_min >= self.lr_range_max:
-            raise ValueError(f"lr_range_min ({self.lr_range_min}) must be below lr_range_max ({self.lr_range_max})")
+    def _range_ordered(self) -> LrRangeSection:
+        if self.min >= self.max:
+            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
         return self
 
 
@@ -579,6 +590,7 @@ class PretrainJobConfig(TrainingJobConfig):
     data: PretrainDataSection = Field(default_factory=PretrainDataSection)
     masking: MaskingSection = Field(default_factory=MaskingSection)
     train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
+    lr_range: LrRangeSection = Field(default_factory=LrRangeSection)
 
 
 def _phase_steps(phase: Any) -> int:

@@ -27,8 +27,8 @@ from albert_dist.config import (
     ModelSection,
     PreparationSection,
     PrepareMaskingSection,
-    PretrainingTrainSection,
     PretrainJobConfig,
+    PretrainTrainSection,
     RunSection,
     ScalingSection,
     Section,
@@ -54,8 +54,8 @@ class DemoJobConfig(Section):
         default_factory=lambda: ModelSection(hidden_size=128, num_attention_heads=4, intermediate_size=512)
     )
     scaling: ScalingSection = Field(default_factory=lambda: ScalingSection(num_workers=2, cpus_per_worker=0.5))
-    train: PretrainingTrainSection = Field(
-        default_factory=lambda: PretrainingTrainSection(
+    train: PretrainTrainSection = Field(
+        default_factory=lambda: PretrainTrainSection(
             optimizer="adamw",
             learning_rate=1e-3,
             max_steps=600,

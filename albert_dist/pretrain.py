@@ -176,7 +176,7 @@ def pretraining_model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -
 
 
 def lr_range_test(cfg: PretrainJobConfig):
-    """The learning-rate range test of `train.lr_range_test` on the job's data and model, in this process (one
+    """The learning-rate range test of `lr_range.test` on the job's data and model, in this process (one
     worker's batches), tracked as its own MLflow run; returns the `RangeTest`."""
     import tempfile
 
@@ -187,7 +187,7 @@ def lr_range_test(cfg: PretrainJobConfig):
     ensure_ray()
     data_dir = prepared_dir(cfg)
     prepared = load_prepared(data_dir)
-    s = cfg.train
+    s, sweep = cfg.train, cfg.lr_range
     with tracking.job_run(
         cfg,
         "lr_range_test",
@@ -196,11 +196,11 @@ def lr_range_test(cfg: PretrainJobConfig):
         extra_params={"data.prepared_dir": str(data_dir)},
     ) as run:
         print(
-            f"learning-rate range test: {s.optimizer}, {s.lr_range_steps} steps from {s.lr_range_min:g} to "
-            f"{s.lr_range_max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run.run_id}"
+            f"learning-rate range test: {s.optimizer}, {sweep.steps} steps from {sweep.min:g} to "
+            f"{sweep.max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run.run_id}"
         )
         task = pretraining_spec(cfg, prepared, data_dir).build(rank=0, world_size=1, dataset=prepared.dataset)
-        result = run_range_test(task, s, cfg.run.seed)
+        result = run_range_test(task, s, sweep, cfg.run.seed)
         with tempfile.TemporaryDirectory() as tmp:
             result.plot(Path(tmp) / "lr_range_test.png")
             (Path(tmp) / "lr_range_test.json").write_text(
@@ -224,7 +224,7 @@ def lr_range_test(cfg: PretrainJobConfig):
 
 
 def _range_test_instead(cfg: PretrainJobConfig) -> int | None:
-    if cfg.train.lr_range_test:
+    if cfg.lr_range.test:
         lr_range_test(cfg)
         return 0
     return None

@@ -33,8 +33,11 @@ def test_pretraining_only_keys_are_unknown_to_fine_tuning():
     from albert_dist.finetune.config import FinetuneJobConfig
 
     assert load_config(PretrainJobConfig, None, ["train.plateau_warning_after=0.5"]).train.plateau_warning_after == 0.5
-    for key in ("train.plateau_warning_after=0.5", "train.lr_range_test=true"):
-        with pytest.raises(ConfigError, match=rf"{key.split('=')[0]}: unknown key"):
+    for key, unknown in (
+        ("train.plateau_warning_after=0.5", "train.plateau_warning_after"),
+        ("lr_range.test=1", "lr_range"),
+    ):
+        with pytest.raises(ConfigError, match=rf"{unknown}: unknown key"):
             load_config(FinetuneJobConfig, None, [key])
 
 
@@ -106,6 +109,7 @@ def test_override_keeps_the_job_s_own_section_defaults():
         ("prepare_data", "run.seed=1", "data.seed"),
         ("demo", "data.inputs=[a.txt]", None),
         ("demo", "train.lr_range_test=true", "albert-dist pretrain's"),
+        ("pretrain", "train.lr_range_steps=10", "own section: lr_range.steps"),
         ("demo", "run.resume_changes=allow", "the demo starts afresh"),
         ("tune-finetune", "run.resume_changes=allow", "a sweep resumes its trials as they were launched"),
     ],
@@ -189,3 +193,22 @@ def test_phases_give_max_steps_or_must_agree_with_it(tmp_path):
 
     with pytest.raises(ConfigError, match=r"train\.phases: unknown key"):
         load_config(FinetuneJobConfig, None, [two])
+
+
+def test_every_config_section_is_at_most_two_levels_below_section():
+    """A reader finds a key in the section they opened or its one parent: no section of any job config inherits
+    from a class that itself inherits from another section class."""
+    import albert_dist.demo
+    import albert_dist.finetune.config
+    import albert_dist.tune.config
+    from albert_dist.config import Section
+
+    del albert_dist  # imported for their sections
+    found, todo = set(), [Section]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__module__.startswith("albert_dist") and sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    deep = {cls.__name__: depth for cls in found if (depth := cls.__mro__.index(Section)) > 2}
+    assert len(found) > 30 and deep == {}

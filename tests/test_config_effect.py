@@ -34,7 +34,7 @@ OUTPUT_ONLY = {
     "pretrain": {
         **TRACKING,
         **{
-            f"train.lr_range_{k}": "the learning-rate range test, run instead of training "
+            f"lr_range.{k}": "the learning-rate range test, run instead of training "
             "(PRETRAIN.instead; test_pretrain's range test)"
             for k in ("test", "steps", "min", "max")
         },

@@ -280,7 +280,7 @@ def test_evaluation_shows_the_unigram_baseline_and_warns_once_on_the_plateau(pre
     assert len(shown) == 4 and f"(unigram baseline {most_frequent / len(labels):.3f})" in shown[-1]
     warnings = [line for line in lines if line.startswith("warning:")]
     # an untrained model sits on the plateau: warned once, at half of the run, with the next step to take
-    assert len(warnings) == 1 and "(step 2/4)" in warnings[0] and "train.lr_range_test=true" in warnings[0]
+    assert len(warnings) == 1 and "(step 2/4)" in warnings[0] and "lr_range.test=true" in warnings[0]
     assert lines.index(warnings[0]) > lines.index(shown[1])
 
     assert not [
@@ -451,10 +451,10 @@ def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, c
     from albert_dist.pretrain import PRETRAIN
 
     overrides = pretrain_overrides(prepared, "range") + [
-        "train.lr_range_test=true",
-        "train.lr_range_steps=40",
-        "train.lr_range_min=1e-4",
-        "train.lr_range_max=30",
+        "lr_range.test=true",
+        "lr_range.steps=40",
+        "lr_range.min=1e-4",
+        "lr_range.max=30",
     ]
     assert PRETRAIN.main(load_config(PretrainJobConfig, None, overrides)) == 0
     out = capsys.readouterr().out

@@ -40,12 +40,6 @@ class FinetuneTrainSection(TrainBase):
     checkpoint_every: int = Field(500, gt=0)
 
 
-class DistillTrainSection(FinetuneTrainSection):
-    """A student trained mostly on soft targets takes a larger learning rate than fine-tuning."""
-
-    learning_rate: float = Field(1e-4, gt=0)
-
-
 class TaskDataSection(Section):
     """Labelled text in CSV, TSV, JSONL or Parquet. Without a dev (test) file, a seeded share of train is held out."""
 
@@ -139,19 +133,13 @@ class FinetuneSection(TaskTrainingSection):
     task: Literal["classification", "regression"] = "classification"
 
 
-class TaskJobConfig(TrainingJobConfig):
-    """What fine-tuning and distillation share; the training length is finetune.epochs or train.max_steps."""
-
-    data: TaskDataSection = Field(default_factory=TaskDataSection)
-    finetune: TaskTrainingSection = Field(default_factory=TaskTrainingSection)
-
-    @model_validator(mode="after")
-    def _one_training_length(self) -> TaskJobConfig:
-        if (self.finetune.epochs is None) == (self.train.max_steps is None):
-            raise ValueError(
-                "give the training length once: finetune.epochs, or train.max_steps with finetune.epochs empty (null)"
-            )
-        return self
+def _one_training_length(config: TrainingJobConfig) -> TrainingJobConfig:
+    """Fine-tuning's and distillation's training length is finetune.epochs or train.max_steps."""
+    if (config.finetune.epochs is None) == (config.train.max_steps is None):
+        raise ValueError(
+            "give the training length once: finetune.epochs, or train.max_steps with finetune.epochs empty (null)"
+        )
+    return config
 
 
 class FinetuneModelSection(PretrainedModelSection):
@@ -167,13 +155,16 @@ class FinetuneModelSection(PretrainedModelSection):
     _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: without_credentials(value)))
 
 
-class FinetuneJobConfig(TaskJobConfig):
+class FinetuneJobConfig(TrainingJobConfig):
     """`albert-dist finetune`: `model.init_from` is the pretrained model directory (ours or transformers')."""
 
     run: TrainingRunSection = Field(default_factory=lambda: TrainingRunSection(name="finetune"))
     model: FinetuneModelSection = Field(default_factory=FinetuneModelSection)
+    data: TaskDataSection = Field(default_factory=TaskDataSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
+
+    _one_training_length = model_validator(mode="after")(_one_training_length)
 
 
 class StudentSection(Section):
@@ -228,13 +219,18 @@ class DistillSection(Section):
     _local_teacher = field_validator("teacher")(classmethod(lambda cls, value: local_path(value)))
 
 
-class DistillJobConfig(TaskJobConfig):
+class DistillJobConfig(TrainingJobConfig):
     """`albert-dist distill`: the teacher's dir carries the tokenizer and the label names."""
 
     run: TrainingRunSection = Field(default_factory=lambda: TrainingRunSection(name="distill"))
+    data: TaskDataSection = Field(default_factory=TaskDataSection)
+    finetune: TaskTrainingSection = Field(default_factory=TaskTrainingSection)
     distill: DistillSection = Field(default_factory=DistillSection)
     student: StudentSection = Field(default_factory=StudentSection)
-    train: DistillTrainSection = Field(default_factory=DistillTrainSection)
+    # a student trained mostly on soft targets takes a larger learning rate than fine-tuning
+    train: FinetuneTrainSection = Field(default_factory=lambda: FinetuneTrainSection(learning_rate=1e-4))
+
+    _one_training_length = model_validator(mode="after")(_one_training_length)
 
     @field_validator("data")
     @classmethod

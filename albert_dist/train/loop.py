@@ -416,7 +416,7 @@ class Trainer:
                 f"warning: {what} {value:.3f} is not {PLATEAU_MARGIN * 100:.0f} point above its baseline "
                 f"{baseline:.3f} after {step / total:.0%} of the run (step {step}/{total}): the model has learned "
                 f"nothing beyond the most frequent piece yet. Find a learning rate that learns with the LR range "
-                f"test: the same command with --set train.lr_range_test=true"
+                f"test: the same command with --set lr_range.test=true"
             )
 
     @torch.no_grad()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from albert_dist.config import PretrainTrainSection
+from albert_dist.config import LrRangeSection, TrainBase
 from albert_dist.train import optim
 from albert_dist.train.loop import TrainingTask
 
@@ -66,10 +66,10 @@ class RangeTest:
         return path
 
 
-def run_range_test(task: TrainingTask, settings: PretrainTrainSection, seed: int = 0) -> RangeTest:
-    """One optimizer step per learning rate of `settings.lr_range_steps` exponentially spaced rates between
-    `lr_range_min` and `lr_range_max`, on a fresh model (gradient accumulation and clipping as in training);
-    stops early once the loss diverges."""
+def run_range_test(task: TrainingTask, settings: TrainBase, sweep: LrRangeSection, seed: int = 0) -> RangeTest:
+    """One optimizer step (`settings`' optimizer, gradient accumulation and clipping, as in training) per
+    learning rate of `sweep.steps` exponentially spaced rates between `sweep.min` and `sweep.max`, on a fresh
+    model; stops early once the loss diverges."""
     torch.manual_seed(seed)
     model = task.build_model()
     model.train()
@@ -81,7 +81,7 @@ def run_range_test(task: TrainingTask, settings: PretrainTrainSection, seed: int
         settings.adam_epsilon,
         settings.weight_decay,
     )
-    steps, low, high = settings.lr_range_steps, settings.lr_range_min, settings.lr_range_max
+    steps, low, high = sweep.steps, sweep.min, sweep.max
     result = RangeTest([], [], [])
     average, batches = 0.0, _endless(task)
     for step in range(steps):
@@ -106,7 +106,7 @@ def run_range_test(task: TrainingTask, settings: PretrainTrainSection, seed: int
         if step > 0 and result.smoothed[-1] > DIVERGED * min(result.smoothed):
             break
     if not result.losses:
-        raise RuntimeError(f"the loss was not finite at the first learning rate ({low:g}): lower lr_range_min")
+        raise RuntimeError(f"the loss was not finite at the first learning rate ({low:g}): lower lr_range.min")
     return result
 
 
