@@ -113,7 +113,7 @@ def base_plan(cfg, *, task: TaskSpec, train: TrainSection, data_digest: str | No
         name=cfg.run.name,
         storage_path=cfg.run.locate("ray"),
         publish_to=cfg.run.locate(),
-        fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest),
+        fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest, flatten(type(cfg)())),
         resume_changes=cfg.run.resume_changes,
         **rest,
     )

@@ -351,6 +351,16 @@ def test_fingerprint_keeps_what_decides_the_training_and_names_its_changes():
         "the prepared data (digest dddddddddddd → eeeeeeeeeeee)",
     ]
     assert checkpointing.fingerprint_changes(None, changed) == []  # a checkpoint from before fingerprints
+    # a setting added since the checkpoint was written: unchanged at its default, a change at another value
+    defaults = {**settings, "train.deterministic": False, "train.new_knob": 1}
+    newer = {**settings, "train.new_knob": 1}
+    assert checkpointing.fingerprint_changes(recorded, checkpointing.fingerprint(newer, "d" * 64, defaults)) == []
+    assert checkpointing.fingerprint_changes(
+        recorded, checkpointing.fingerprint({**newer, "train.new_knob": 2}, "d" * 64, defaults)
+    ) == ["train.new_knob 1 → 2"]
+    assert checkpointing.fingerprint_changes(recorded, checkpointing.fingerprint(newer, "d" * 64)) == [
+        "train.new_knob (unset) → 1"  # without the job's defaults nothing tells what the checkpoint had
+    ]
 
 
 def test_a_drain_notice_checkpoints_the_step_reached_once_and_is_logged(tmp_path):

@@ -59,7 +59,7 @@ RELAUNCH_MAY_CHANGE = (
     "train.publish",
     "train.peak_tflops",
     "train.plateau_warning_after",
-    "train.lr_range_",
+    "lr_range.",
     "train.deterministic",
 )
 STATE_FILE = "training_state.pt"
@@ -70,19 +70,29 @@ PUBLISHED_MODEL = "model"
 BEST_MODEL = "best_model"
 
 
-def fingerprint(settings: dict[str, Any], data_digest: str | None = None) -> dict[str, Any]:
+def fingerprint(
+    settings: dict[str, Any], data_digest: str | None = None, defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What a checkpoint must have been trained with to be resumed: the flattened job `settings` that decide what
-    is trained (all but `RELAUNCH_MAY_CHANGE`) and the digest of the training data, when the job has one."""
-    kept = {k: v for k, v in sorted(settings.items()) if not k.startswith(RELAUNCH_MAY_CHANGE)}
-    return {"settings": json.loads(json.dumps(kept, default=str)), "data": data_digest}
+    is trained (all but `RELAUNCH_MAY_CHANGE`) and the digest of the training data, when the job has one; with
+    the job's `defaults` (flattened), against which a key that a checkpoint's fingerprint lacks is compared."""
+
+    def kept(values: dict[str, Any]) -> dict[str, Any]:
+        chosen = {k: v for k, v in sorted(values.items()) if not k.startswith(RELAUNCH_MAY_CHANGE)}
+        return json.loads(json.dumps(chosen, default=str))
+
+    return {"settings": kept(settings), "data": data_digest, "defaults": kept(defaults or {})}
 
 
 def fingerprint_changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
     """What differs between a checkpoint's fingerprint and the relaunch's, one readable line each ("train.
-    learning_rate 0.001 → 0.002"); none for a checkpoint written before fingerprints were recorded."""
+    learning_rate 0.001 → 0.002"); none for a checkpoint written before fingerprints were recorded. A key the
+    checkpoint's fingerprint lacks (a setting added since it was written) had its default's effect: it changed
+    only if the relaunch sets another value."""
     if not recorded:
         return []
-    old, new = recorded.get("settings", {}), current["settings"]
+    old = {**current.get("defaults", {}), **recorded.get("settings", {})}
+    new = current["settings"]
     changes = [
         f"{key} {old.get(key, '(unset)')} → {new.get(key, '(unset)')}"
         for key in sorted(set(old) | set(new))
