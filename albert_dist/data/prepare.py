@@ -30,6 +30,7 @@ from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.process import (
     INSTANCE_SCHEMA,
     STATIC_MASK_SCHEMA,
+    THROUGHPUT_COUNTS,
     DocumentProcessor,
     ProcessSettings,
     document_sentences,
@@ -423,20 +424,7 @@ def _execution_context(progress_bars: bool):
 
 
 #: the summary's headline figures, as `format_summary` words them; its other counters are printed when not zero
-_HEADLINE = (
-    "files",
-    "bytes",
-    "documents",
-    "eval_documents",
-    "sentences",
-    "tokens",
-    "instances",
-    "train_instances",
-    "eval_instances",
-    "seconds",
-    "tokens_per_second",
-    "instances_per_second",
-)
+_HEADLINE = (*THROUGHPUT_COUNTS, "seconds", "tokens_per_second", "instances_per_second")
 
 
 def format_summary(summary: dict[str, Any]) -> str:

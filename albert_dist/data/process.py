@@ -131,18 +131,24 @@ class DocumentProcessor:
                     columns[name].extend(values)
 
 
+#: what went in and came out, in the order the summary gives them
+THROUGHPUT_COUNTS = (
+    "files",
+    "bytes",
+    "documents",
+    "eval_documents",
+    "sentences",
+    "tokens",
+    "instances",
+    "train_instances",
+    "eval_instances",
+)
+
+
 def summarize_counts(counts: dict[str, Any]) -> dict[str, Any]:
     """Counters in a fixed, readable order (absent ones as 0)."""
     order = [
-        "files",
-        "bytes",
-        "documents",
-        "eval_documents",
-        "sentences",
-        "tokens",
-        "instances",
-        "train_instances",
-        "eval_instances",
+        *THROUGHPUT_COUNTS,
         "replaced_chars",
         "empty_files",
         "empty_documents",
