@@ -200,8 +200,8 @@ def test_a_broken_jsonl_line_is_named_by_its_line_in_the_file(ray_session, engli
     lines.insert(199, "")  # a blank line is skipped but still counted
     lines[250] = '{"text": broken'
     bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    ranges = plan_ranges([str(bad)], "auto", "text", 2000)
+    ranges = plan_ranges([str(bad)], "auto", "text", 8000)
     assert len(ranges) > 5 and max(r.first_line for r in ranges if r.first_line < 251) > 200  # a late range
-    cfg = config(tmp_path, [bad], english_tokenizer.save(tmp_path / "tok"), range_bytes=2000)
+    cfg = config(tmp_path, [bad], english_tokenizer.save(tmp_path / "tok"), range_bytes=8000)
     with pytest.raises(DataError, match=r"bad.jsonl:251: not valid JSON"):
         prepare_dataset(cfg, log=lambda _: None)
