@@ -442,8 +442,8 @@ class PretrainTrainSection(TrainBase):
     the pretraining task reads, the held-out batches, the plateau warning and the sequence-length phases."""
 
     key_hints = {
-        name: f"the learning-rate range test is albert-dist pretrain's own section: lr_range.{name[9:]}"
-        for name in ("lr_range_test", "lr_range_steps", "lr_range_min", "lr_range_max")
+        f"lr_range_{key}": f"the learning-rate range test is albert-dist pretrain's own section: lr_range.{key}"
+        for key in ("test", "steps", "min", "max")
     }
 
     warmup_steps: int = Field(100, ge=0)
