@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from albert_dist.errors import ConfigError
 from albert_dist.redaction import redact_url, refuse_uri_credentials
@@ -338,6 +347,38 @@ class ScalingSection(Section):
     gpus_per_worker: float = Field(1.0, gt=0)
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """(fewest, most) workers the run trains on."""
+        return self.num_workers, self.num_workers
+
+
+class PretrainScalingSection(ScalingSection):
+    """Pretraining's `scaling:`, whose workers may come and go (spot instances) without changing the run."""
+
+    num_workers: PositiveInt | tuple[PositiveInt, PositiveInt] = Field(
+        2,
+        description="Workers, or [min, max]: an elastic run that trains on as many as the cluster has room for "
+        "and grows back when nodes return. Its global batch stays train.batch_size × max × "
+        "train.grad_accum_steps whatever the count (a worker trains max/count of the micro-batches).",
+    )
+    resize_check_s: float = Field(
+        60.0,
+        gt=0,
+        description="How often an elastic run looks for room to grow back into (a restart from its latest checkpoint).",
+    )
+
+    @field_validator("num_workers")
+    @classmethod
+    def _range_in_order(cls, value):
+        if isinstance(value, tuple) and not value[0] <= value[1]:
+            raise ValueError(f"[min, max] workers with min > max: {list(value)}")
+        return value
+
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        return self.num_workers if isinstance(self.num_workers, tuple) else super().worker_range
+
 
 class TrainBase(Section):
     """The training loop's settings that every job's `train:` has (fine-tuning derives the warmup from its own
@@ -586,6 +627,7 @@ class TrainingJobConfig(Section):
 class PretrainJobConfig(TrainingJobConfig):
     """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
 
+    scaling: PretrainScalingSection = Field(default_factory=PretrainScalingSection)
     model: ModelSection = Field(default_factory=ModelSection)
     data: PretrainDataSection = Field(default_factory=PretrainDataSection)
     masking: MaskingSection = Field(default_factory=MaskingSection)

@@ -118,18 +118,28 @@ def plan(cfg: PretrainJobConfig) -> Plan:
         datasets=lambda: prepared.for_training(in_memory, [phase.prepared for phase in phases]),
         params={
             "model.num_parameters": n_params,
-            "world_size": cfg.scaling.num_workers,
+            "world_size": cfg.scaling.worker_range[1],
             "data.prepared_dir": str(data_dir),
             "data.in_memory": in_memory,
         },
         banner=[
-            f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {cfg.scaling.num_workers} "
-            f"worker(s), {cfg.train.precision}",
+            f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {workers(cfg.scaling)}, "
+            f"{cfg.train.precision}",
             f"data: {prepared.rows('train')} training instances, "
             + ("read once into Ray's object store" if in_memory else "streamed from Parquet every epoch")
             + f" (data.cache={cfg.data.cache})",
             *(f"phase {number}/{len(phases)}: {phase.describe()}" for number, phase in enumerate(phases, 1)),
         ],
+    )
+
+
+def workers(scaling) -> str:
+    fewest, most = scaling.worker_range
+    if fewest == most:
+        return f"{most} worker(s)"
+    return (
+        f"{fewest} to {most} workers (elastic: each step trains {most} micro-batches per accumulation step "
+        f"whatever the count, so the global batch stays the same)"
     )
 
 
@@ -159,6 +169,7 @@ def pretraining_spec(
         plateau_warning_after=cfg.train.plateau_warning_after,
         packing=cfg.data.packing,
         phases=tuple(PhaseSpec(f"train_{i}", p.steps, p.batch_size, p.max_seq_length) for i, p in enumerate(phases)),
+        slots=cfg.scaling.worker_range[1],
     )
 
 
@@ -197,7 +208,8 @@ def lr_range_test(cfg: PretrainJobConfig):
     ) as run:
         print(
             f"learning-rate range test: {s.optimizer}, {sweep.steps} steps from {sweep.min:g} to "
-            f"{sweep.max:g}, batch {s.batch_size} x {s.grad_accum_steps}; MLflow run {run.run_id}"
+            f"{sweep.max:g}, the run's global batch ({s.batch_size} x {cfg.scaling.worker_range[1]} worker(s) x "
+            f"{s.grad_accum_steps}); MLflow run {run.run_id}"
         )
         task = pretraining_spec(cfg, prepared, data_dir).build(rank=0, world_size=1, dataset=prepared.dataset)
         result = run_range_test(task, s, sweep, cfg.run.seed)

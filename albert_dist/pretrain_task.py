@@ -18,7 +18,7 @@ import torch
 from albert_dist.config import MaskingSection
 from albert_dist.data.masking import IGNORE_INDEX
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
-from albert_dist.train.feed import rank_batches
+from albert_dist.train.feed import rank_batches, slot_batches, slot_range
 from albert_dist.train.loop import TaskSpec, TrainingTask
 
 SHUFFLE_BUFFER = 2048
@@ -53,6 +53,7 @@ class PretrainingSpec(TaskSpec):
     plateau_warning_after: float | None = None
     packing: bool = False
     phases: tuple[PhaseSpec, ...] = ()
+    slots: int | None = None  # micro-batches per global micro-batch (the most workers); None: one per worker
 
     def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> PretrainingTask:
         return PretrainingTask(self, rank, world_size, dataset)
@@ -66,6 +67,9 @@ class PretrainingTask(TrainingTask):
 
         self.spec, self.rank, self.world_size, self.dataset = spec, rank, world_size, dataset
         self.plateau_warning_after = spec.plateau_warning_after
+        self.slot_count = spec.slots or world_size
+        self.slots = slot_range(rank, world_size, self.slot_count)
+        self.slots_held = len(self.slots)
         self.collator = MaskingCollator.from_manifest(spec.manifest, spec.masking)
         # held-out masks are drawn as the data was prepared (data prepare's masking:), whatever masking: trains
         # with: runs that train on other masks (a higher rate, single tokens) are scored on the same positions.
@@ -147,17 +151,15 @@ class PretrainingTask(TrainingTask):
         from albert_dist.data.masking import batch_rng
 
         seed, spec = self.spec.seed, self.phase(phase)
-        for index, (_, rows) in enumerate(
-            rank_batches(
-                self.dataset(spec.split),
-                batch_size=spec.batch_size,
-                rank=self.rank,
-                world_size=self.world_size,
-                seed=seed + epoch,
-                shuffle_buffer=SHUFFLE_BUFFER,
-            )
+        for index, slot, rows in slot_batches(
+            self.dataset(spec.split),
+            batch_size=spec.batch_size,
+            slots=self.slots,
+            slot_count=self.slot_count,
+            seed=seed + epoch,
+            shuffle_buffer=SHUFFLE_BUFFER,
         ):
-            yield self.collate(rows, batch_rng(seed, epoch, self.rank, index), spec.max_seq_length)
+            yield self.collate(rows, batch_rng(seed, epoch, slot, index), spec.max_seq_length)
 
     def eval_batches(self):
         """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it

@@ -48,9 +48,10 @@ def pretrain_args(name: str, steps: int) -> list[str]:
     ]
 
 
-def train_while(cluster, name: str, storage, task, train, change_nodes) -> None:
-    """One training worker's run on `cluster` in a thread while the main thread changes its nodes (Ray starts a
-    node from the main thread only); prints `RESULT {"step": N}` or `ERROR message` for the test to read."""
+def train_while(cluster, name: str, storage, task, train, change_nodes, scaling=None, **run_args) -> None:
+    """A training run on `cluster` (one worker of one CPU unless `scaling`) in a thread while the main thread
+    changes its nodes (Ray starts a node from the main thread only); prints `RESULT {"step": N, "loss": L}` or
+    `ERROR message` for the test to read. `run_args`: more arguments of `run_training`."""
     import json
     import threading
 
@@ -67,13 +68,14 @@ def train_while(cluster, name: str, storage, task, train, change_nodes) -> None:
                 storage_path=storage,
                 task=task,
                 train=train,
-                scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
+                scaling=scaling or ScalingSection(num_workers=1, cpus_per_worker=1),
                 seed=0,
+                **run_args,
             )
         except AlbertDistError as err:
             print(f"ERROR {err}", flush=True)
             return
-        print("RESULT " + json.dumps({"step": result.metrics["step"]}), flush=True)
+        print("RESULT " + json.dumps({"step": result.metrics["step"], "loss": result.metrics["loss"]}), flush=True)
 
     training = threading.Thread(target=fit)
     training.start()

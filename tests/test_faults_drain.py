@@ -144,7 +144,7 @@ def test_a_drain_notice_checkpoints_before_the_deadline_and_the_run_goes_on(tmp_
     assert "node reclaimed" in out and "node added" in out, out[-6000:]
     assert re.search(rf"resumed from \S+ at step {step} ", out), out[-6000:]
     # max_failures=0: had the reclaim counted as a failure, the run would have stopped with it
-    assert f'RESULT {{"step": {MAX_STEPS}}}' in out, out[-6000:]
+    assert f'RESULT {{"step": {MAX_STEPS}, ' in out, out[-6000:]
     assert checkpoint_steps(tmp_path) == [step, MAX_STEPS]
 
 

@@ -3,6 +3,7 @@ the learning-rate range test. Faults: test_pretrain_faults.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -196,6 +197,30 @@ def test_held_out_masks_are_the_same_every_time_with_any_number_of_workers_and_t
     trained_on = [in_process_task(prepared)[0], other_training]
     masked_share = [float((next(iter(task.train_batches(0)))["labels"] != -100).float().mean()) for task in trained_on]
     assert masked_share[1] > 1.5 * masked_share[0], masked_share  # while it trains on its own masks
+
+
+def test_the_training_micro_batches_and_their_masks_are_the_same_with_one_worker_or_two(prepared, ray_session):
+    """An elastic run's promise (scaling.num_workers [1, 2]): the global batch of 2 slots is the same micro-batches
+    and masks whether one worker trains both slots or two train one each, and the loop reads one global batch a
+    step either way."""
+    from albert_dist.config import TrainSection
+    from albert_dist.train.loop import Trainer, WorkerEnv
+
+    def rows(task, count: int) -> list[tuple]:
+        return [
+            (tuple(b["input_ids"].flatten().tolist()), tuple(b["labels"].flatten().tolist()))
+            for b in itertools.islice(task.train_batches(1), count)
+        ]
+
+    alone, _ = in_process_task(prepared, 1, 0)
+    first, second = (in_process_task(prepared, 2, rank)[0] for rank in range(2))
+    assert (alone.slots_held, first.slots_held, second.slots_held) == (2, 1, 1)
+    both = rows(alone, 6)
+    assert both[0::2] == rows(first, 3) and both[1::2] == rows(second, 3) and len(set(both)) == 6
+
+    trainer = Trainer(alone, TrainSection(max_steps=3, warmup_steps=1, precision="fp32"), WorkerEnv(print_fn=print))
+    trainer.fit()
+    assert (trainer.position.epoch, trainer.position.batch_in_epoch) == (0, 3)
 
 
 class CopyingModel(torch.nn.Module):

@@ -22,9 +22,10 @@ import numpy as np
 IGNORE_INDEX = -100
 
 
-def batch_rng(seed: int, epoch: int, rank: int, batch_index: int) -> np.random.Generator:
-    """The generator for one batch: the same (seed, epoch, rank, batch) always gives the same masks."""
-    return np.random.default_rng([seed, epoch, rank, batch_index])
+def batch_rng(seed: int, epoch: int, slot: int, batch_index: int) -> np.random.Generator:
+    """The generator for one micro-batch: the same (seed, epoch, slot of the global batch, global batch) always
+    gives the same masks, whichever worker trains it."""
+    return np.random.default_rng([seed, epoch, slot, batch_index])
 
 
 def pad_ragged(column: Any, pad_value: int, width: int | None = None, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:

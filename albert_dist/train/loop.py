@@ -39,6 +39,10 @@ class TrainingTask(ABC):
     best_mode: str = "min"
     #: share of max_steps after which an evaluation still on the `plateau` baseline prints a warning; None: never
     plateau_warning_after: float | None = None
+    #: the micro-batches a global micro-batch is cut into (`train.feed`; an elastic run's most workers), and how many
+    #: of them this rank trains; None: one per rank
+    slot_count: int | None = None
+    slots_held: int = 1
 
     @abstractmethod
     def build_model(self) -> torch.nn.Module:
@@ -56,7 +60,7 @@ class TrainingTask(ABC):
     @abstractmethod
     def train_batches(self, epoch: int, phase: int = 0) -> Iterable[Batch]:
         """This rank's micro-batches for `epoch` of `phase` (an index into `phases()`; 0 for a task with one
-        phase), in the same order every time (for exact resume)."""
+        phase), in the same order every time (for exact resume): `slots_held` from each global micro-batch."""
 
     @abstractmethod
     def eval_batches(self) -> Iterable[Batch]:
@@ -211,6 +215,7 @@ class Trainer:
         fit_start, start_step = time.perf_counter(), pos.step
         metrics: dict[str, Any] = {}
         batches = self._micro_batches()
+        self._show_workers()
         while pos.step < s.max_steps:
             self._train_step(batches, window)
             pos.step += 1
@@ -239,6 +244,16 @@ class Trainer:
             # right after it), so the end is evaluated and reported again and the run's result is its end
             self._evaluate_and_report(metrics, evaluate=True, checkpoint=True, last=True, start_step=start_step)
         return {**metrics, "status": "completed", "step": pos.step}
+
+    def _show_workers(self) -> None:
+        """Say how a run with fewer workers than its global batch has slots makes up the batch."""
+        slots, workers = self.task.slot_count, self.env.world_size
+        if self.env.is_main and slots and slots != workers:
+            self.env.print_fn(
+                f"step {self.position.step}/{self.settings.max_steps} | {workers} of {slots} workers: each trains "
+                f"{self.task.slots_held} micro-batch(es) of each global micro-batch ({self.settings.grad_accum_steps}"
+                f" per step), the global batch stays the same"
+            )
 
     def _drain_notice(self) -> bool:
         """True at the first check after a node of this run was told to drain, so that a checkpoint of the step
@@ -298,15 +313,15 @@ class Trainer:
 
     def _micro_batches(self) -> Iterator[Batch]:
         """The current phase's micro-batches across epochs, starting at the saved position (already-trained
-        batches are skipped)."""
-        pos = self.position
+        batches are skipped). The position counts global micro-batches, whatever this rank's share of each."""
+        pos, held = self.position, self.task.slots_held
         while True:
-            produced = False
+            produced, resume_at = False, pos.batch_in_epoch
             for index, batch in enumerate(self.task.train_batches(pos.epoch, pos.phase)):
                 produced = True
-                if index < pos.batch_in_epoch:
+                if index // held < resume_at:
                     continue
-                pos.batch_in_epoch = index + 1
+                pos.batch_in_epoch = index // held + 1
                 yield batch
             if not produced:
                 raise RuntimeError(
@@ -316,18 +331,20 @@ class Trainer:
             pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
 
     def _train_step(self, batches: Iterator[Batch], window: dict[str, torch.Tensor | int]) -> None:
-        """One optimizer step over `grad_accum_steps` micro-batches, skipped for a non-finite gradient. Nothing in
+        """One optimizer step over `grad_accum_steps` global micro-batches, skipped for a non-finite gradient. Nothing in
         it reads a value back from the device (each read waits for the device to finish all work queued so far):
         the statistics stay tensors until the log interval and the skip is decided on the device."""
         s, device = self.settings, self.env.device
-        accum = s.grad_accum_steps
-        for micro in range(accum):
+        micro_batches = s.grad_accum_steps * self.task.slots_held
+        # the mean over the step's micro-batches of every rank, once DDP has averaged the ranks' sums
+        weight = self.env.world_size / (s.grad_accum_steps * (self.task.slot_count or self.env.world_size))
+        for micro in range(micro_batches):
             batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-            sync = micro == accum - 1 or not hasattr(self.wrapped, "no_sync")
+            sync = micro == micro_batches - 1 or not hasattr(self.wrapped, "no_sync")
             with contextlib.nullcontext() if sync else self.wrapped.no_sync():
                 with precision.autocast(s.precision, device):
                     loss, stats = self.task.loss(self.wrapped, batch)
-                scaled = loss / accum
+                scaled = loss * weight
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             _accumulate(window, stats)
             _accumulate(
@@ -372,6 +389,9 @@ class Trainer:
                 "tokens_per_s": tokens / elapsed,
                 "samples_per_s": samples / elapsed,
                 "skipped_steps": float(steps - finite_steps / self.env.world_size),
+                "workers": float(self.env.world_size),
+                # rank 0's micro-batches per step (an elastic run's workers train more of them when fewer)
+                "micro_batches_per_step": float(self.settings.grad_accum_steps * self.task.slots_held),
             }
         )
         flops = self.task.flops_per_token(self.model, self.position.phase)

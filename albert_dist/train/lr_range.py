@@ -67,7 +67,8 @@ class RangeTest:
 
 
 def run_range_test(task: TrainingTask, settings: TrainBase, sweep: LrRangeSection, seed: int = 0) -> RangeTest:
-    """One optimizer step (`settings`' optimizer, gradient accumulation and clipping, as in training) per
+    """One optimizer step (`settings`' optimizer, gradient accumulation and clipping, on the run's global batch as
+    in training) per
     learning rate of `sweep.steps` exponentially spaced rates between `sweep.min` and `sweep.max`, on a fresh
     model; stops early once the loss diverges."""
     torch.manual_seed(seed)
@@ -88,11 +89,11 @@ def run_range_test(task: TrainingTask, settings: TrainBase, sweep: LrRangeSectio
         lr = low * (high / low) ** (step / max(1, steps - 1))
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        total = 0.0
-        for _ in range(settings.grad_accum_steps):
+        total, micro_batches = 0.0, settings.grad_accum_steps * task.slots_held  # the run's global batch
+        for _ in range(micro_batches):
             loss, _ = task.loss(model, next(batches))
-            (loss / settings.grad_accum_steps).backward()
-            total += loss.item() / settings.grad_accum_steps
+            (loss / micro_batches).backward()
+            total += loss.item() / micro_batches
         if settings.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
         optimizer.step()

@@ -48,14 +48,19 @@ class TrainingResult:
 
 
 def scaling_config(scaling: ScalingSection) -> ScalingConfig:
+    """Ray Train's scaling; a [min, max] range is its elastic worker group, which restarts the workers from the
+    latest checkpoint when it resizes (`PretrainScalingSection.resize_check_s` apart at most)."""
     resources = {"CPU": scaling.cpus_per_worker}
     if scaling.use_gpu:
         resources["GPU"] = scaling.gpus_per_worker
+    fewest, most = scaling.worker_range
+    elastic = {"elastic_resize_monitor_interval_s": scaling.resize_check_s} if fewest < most else {}
     return ScalingConfig(
-        num_workers=scaling.num_workers,
+        num_workers=(fewest, most) if fewest < most else most,
         use_gpu=scaling.use_gpu,
         resources_per_worker=resources,
         placement_strategy=scaling.placement_strategy,
+        **elastic,
     )
 
 
@@ -136,7 +141,7 @@ def run_training(
         raise _user_error([err.controller_failure], storage_dir) or TrainingStalled(
             f"training {name!r} could not get its workers' resources back ({train.resource_wait_attempts} attempts: "
             f"{err.controller_failure}); the last checkpoint is kept in {storage_dir}: relaunch the same "
-            f"run.name to resume once the cluster has {scaling.num_workers} worker slot(s) again"
+            f"run.name to resume once the cluster has {scaling.worker_range[0]} worker slot(s) again"
         ) from None
     if tracking is not None:
         from albert_dist.metrics_log import STATE_FILE, send_left_behind
