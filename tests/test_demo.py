@@ -88,12 +88,16 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     for model in ("demo/model", "demo-finetune/model", "demo-distill/model"):
         assert (root / model / "config.json").is_file() and (root / model / "model.safetensors").is_file()
     summary = log[log.index("=== albert-dist demo: results ===") :]
-    # every stage learned: above what a model that learned nothing scores (not fixed numbers). Pretraining only
-    # just beats the unigram baseline at the demo's budget, and the held-out split (hence the baseline) differs
-    # between runs: 0.082/0.037, 0.089/0.049, 0.069/0.055, 0.104/0.057, 0.102/0.061, 0.086/0.055 and 0.104/0.063
-    # in seven runs (+1.4 to +4.7 points, counted at every masked position, the tokens kept as they were included)
-    mlm, unigram = map(float, re.search(r"eval MLM accuracy (\S+) \(unigram baseline (\S+)\)", summary).groups())
-    assert mlm > unigram, summary
+    # every stage learned: above what a model that learned nothing scores (not fixed numbers). Pretraining's SOP
+    # scored 0.63-0.69 on the 256 held-out pairs (chance 0.5, standard error ~3 points) in every recorded run. Its
+    # MLM is printed but not asserted: at the demo's budget it sits on the unigram plateau, +1.4 to +4.7 points in
+    # seven runs and -0.6 in one CI run (benchmarks/README.md, "The demo"); tests/test_pretrain.py proves MLM
+    # learning beyond the unigram baseline on a corpus built to be learnable in a few steps
+    mlm, unigram, sop = map(
+        float,
+        re.search(r"eval MLM accuracy (\S+) \(unigram baseline (\S+)\).*eval SOP accuracy (\S+)", summary).groups(),
+    )
+    assert sop > 0.5 + 0.05 and 0 < unigram < 0.2 and 0 <= mlm < 1, summary
     # pretraining pays on the task: +3.9 to +10.8 points over the random init with the same budget in every demo
     # run and fine-tuning pair recorded; the random init itself scored 0.601-0.604 on the balanced 1,000-row dev
     # set (chance 0.5) in the four runs whose figures are recorded. One accuracy on 1,000 rows moves by ~1.6 points
