@@ -387,3 +387,15 @@ def test_a_drain_notice_checkpoints_the_step_reached_once_and_is_logged(tmp_path
     resumed.fit()
     for (name, a), b in zip(weights(full).items(), weights(resumed).values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_the_slots_of_a_global_batch_are_shared_out_whole_among_any_number_of_workers_up_to_their_count():
+    from albert_dist.train.feed import slot_range
+
+    for slots in range(1, 9):
+        for workers in range(1, slots + 1):
+            held = [slot_range(rank, workers, slots) for rank in range(workers)]
+            assert [slot for part in held for slot in part] == list(range(slots))  # consecutive, each once
+            assert {len(part) for part in held} <= {slots // workers, slots // workers + 1}
+    with pytest.raises(ValueError, match="3 workers for 2 slots"):
+        slot_range(0, 3, 2)
