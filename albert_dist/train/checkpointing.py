@@ -48,6 +48,7 @@ RELAUNCH_MAY_CHANGE = (
     "scaling.cpus_per_worker",
     "scaling.gpus_per_worker",
     "scaling.placement_strategy",
+    "scaling.resize_check_s",
     "train.log_every",
     "train.eval_every",
     "train.eval_batches",
