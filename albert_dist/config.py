@@ -375,6 +375,15 @@ class PretrainScalingSection(ScalingSection):
             raise ValueError(f"[min, max] workers with min > max: {list(value)}")
         return value
 
+    @model_validator(mode="after")
+    def _resize_check_needs_a_range(self) -> PretrainScalingSection:
+        fewest, most = self.worker_range
+        if fewest == most and changed_from_default(self, ["resize_check_s"]):
+            raise ValueError(
+                "resize_check_s is how often an elastic run looks for room to grow: set num_workers to [min, max]"
+            )
+        return self
+
     @property
     def worker_range(self) -> tuple[int, int]:
         return self.num_workers if isinstance(self.num_workers, tuple) else super().worker_range

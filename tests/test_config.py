@@ -212,3 +212,26 @@ def test_every_config_section_is_at_most_two_levels_below_section():
                 todo.append(sub)
     deep = {cls.__name__: depth for cls in found if (depth := cls.__mro__.index(Section)) > 2}
     assert len(found) > 30 and deep == {}
+
+
+def test_an_elastic_range_is_for_pretraining_in_order_and_resize_check_needs_one():
+    from albert_dist.finetune.config import FinetuneJobConfig
+    from albert_dist.train.ray_runner import scaling_config
+
+    elastic = load_config(PretrainJobConfig, None, ["scaling.num_workers=[1, 4]", "scaling.resize_check_s=5"]).scaling
+    assert elastic.worker_range == (1, 4)
+    ray_scaling = scaling_config(elastic)  # Ray Train's elastic worker group
+    assert (ray_scaling.min_workers, ray_scaling.max_workers, ray_scaling.elastic_resize_monitor_interval_s) == (
+        1,
+        4,
+        5,
+    )
+    assert load_config(PretrainJobConfig, None, ["scaling.num_workers=3"]).scaling.worker_range == (3, 3)
+    for overrides, message in (
+        (["scaling.num_workers=[4, 1]"], "min > max"),
+        (["scaling.resize_check_s=5"], "resize_check_s is how often an elastic run"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(PretrainJobConfig, None, overrides)
+    with pytest.raises(ConfigError, match="scaling.num_workers"):
+        load_config(FinetuneJobConfig, None, ["scaling.num_workers=[1, 2]"])

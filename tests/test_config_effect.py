@@ -218,6 +218,7 @@ def test_every_pretraining_key_changes_the_plan(prepared):
         "data.output": "prepared_copy",
         "data.cache": "stream",
         "train.phases": [{"steps": 5}, {"steps": 5, "batch_size": 4, "max_seq_length": 64, "data": "prepared_copy"}],
+        "scaling.resize_check_s": Together({"scaling.resize_check_s": 30.0, "scaling.num_workers": [1, 2]}),
     }
     assert keys_without_effect(PRETRAIN.plan, cfg, alternatives, OUTPUT_ONLY["pretrain"]) == []
 
