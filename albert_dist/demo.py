@@ -156,7 +156,7 @@ def run_demo(cfg: DemoJobConfig) -> int:
                 "model": cfg.model,
                 "data": {"output": cfg.data.output},
                 "masking": cfg.masking.model_dump(exclude={"static"}),
-                "scaling": cfg.scaling,
+                "scaling": cfg.scaling.model_dump(),
                 "train": cfg.train.model_dump(),
                 "tracking": cfg.tracking,
             }
