@@ -22,6 +22,7 @@ LONGEST_FIRST = [
     "test_demo.py",
     "test_cluster_local.py",
     "test_pretrain_faults.py",
+    "test_faults_elastic.py",
     "test_pretrain.py",
     "test_tune.py",
     "test_tracking.py",
