@@ -122,3 +122,21 @@ def one_worker_node_cluster():
     node = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=True)
     return cluster, node
+
+
+def drain(cluster, node, deadline_s: int) -> float:
+    """Ray's drain with a deadline, as the autoscaler sends it for a preempted node; returns the deadline."""
+    import time
+
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    deadline = time.time() + deadline_s
+    accepted, why = ray._raylet.GcsClient(address=cluster.address).drain_node(
+        node.node_id,
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        "spot reclaim",
+        int(deadline * 1000),
+    )
+    assert accepted, why
+    return deadline

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cluster_helpers import one_worker_node_cluster, run_own_cluster, train_while
+from cluster_helpers import drain, one_worker_node_cluster, run_own_cluster, train_while
 
 from albert_dist.train.loop import TaskSpec
 
@@ -67,22 +67,6 @@ class CountedKeywordTask(TaskSpec):
                 return super().loss(model, batch)
 
         return Counted()
-
-
-def drain(cluster, node, deadline_s: int) -> float:
-    """Ray's drain with a deadline, as the autoscaler sends it for a preempted node; returns the deadline."""
-    import ray
-    from ray.core.generated import autoscaler_pb2
-
-    deadline = time.time() + deadline_s
-    accepted, why = ray._raylet.GcsClient(address=cluster.address).drain_node(
-        node.node_id,
-        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-        "spot reclaim",
-        int(deadline * 1000),
-    )
-    assert accepted, why
-    return deadline
 
 
 def reclaim(cluster, node, root: Path) -> None:
