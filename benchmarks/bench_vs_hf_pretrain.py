@@ -10,7 +10,8 @@ through `AutoTokenizer`), the same training text tokenized raw and grouped into 
 `DataCollatorForLanguageModeling` (15 %, 80/10/10), AdamW with a linear schedule, batch 16 (ours: 2 workers x 8),
 all the machine's CPUs, given ours' wall time for its `Trainer.train()` alone (tokenizing and saving not counted:
 in its favour), once per learning rate in `--hf-lrs`, the best kept (chosen on the held-out text it is scored on:
-in its favour too). Its `max_steps`, which sets the schedule's end, comes from a timed probe of 5 steps.
+in its favour too). Its `max_steps`, which sets the schedule's end, comes from a timed probe of 12 steps
+(the first two not timed).
 
 The corpus (blank-line separated documents, one paragraph a line: `benchmarks/corpora.py` writes them) is split
 by document: every `--heldout-every`-th document is held out from both, the rest is what both train on. Both
@@ -38,6 +39,7 @@ from bench_finetune_hf import REPO, machine
 CONFIGS = {"zh": ("prepare_zh.yaml", "pretrain_zh.yaml"), "en": ("prepare_data.yaml", "pretrain_tiny.yaml")}
 BLOCK = 128
 HF_BATCH = 16
+PROBE_STEPS = 12
 
 
 def split_corpus(corpus: Path, work: Path, every: int) -> tuple[Path, Path]:
@@ -129,6 +131,16 @@ class TimeLimit(transformers.TrainerCallback):
             control.should_training_stop = True
 
 
+class StepClock(transformers.TrainerCallback):
+    """The time each training step ended."""
+
+    def __init__(self):
+        self.ends: list[float] = []
+
+    def on_step_end(self, *_, **__):
+        self.ends.append(time.perf_counter())
+
+
 def hf_blocks(tokenizer, train_text: Path) -> list[dict]:
     """run_mlm's preprocessing: each line tokenized (with its specials), all concatenated, cut into blocks."""
     lines = [line for line in train_text.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -166,10 +178,9 @@ def run_hf(args, work: Path, train_text: Path, ours: dict, lr: float) -> dict:
             model=model, args=training, train_dataset=blocks, data_collator=collator, callbacks=list(callbacks)
         )
 
-    probe = trainer(work / "hf-probe", 5)
-    started = time.perf_counter()
-    probe.train()
-    per_step = (time.perf_counter() - started) / 5
+    clock = StepClock()
+    trainer(work / "hf-probe", PROBE_STEPS, [clock]).train()
+    per_step = (clock.ends[-1] - clock.ends[1]) / (len(clock.ends) - 2)  # the first two steps warm up
     max_steps = max(10, int(ours["seconds"] / per_step))
     out = work / f"hf-{lr:g}"
     run = trainer(out, max_steps, [TimeLimit(ours["seconds"])])
@@ -227,7 +238,9 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="an override of ours' pretraining config (repeatable)",
     )
-    parser.add_argument("--hf-lrs", default="2e-4,5e-4,1e-3", help="the peer's learning rates; the best is kept")
+    parser.add_argument(
+        "--hf-lrs", default="2e-4,5e-4,1e-3", help="the peer's learning rates; the best is kept (none: ours alone)"
+    )
     parser.add_argument("--heldout-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -244,13 +257,15 @@ def main() -> None:
     ours.update(held_out(ours["model"], heldout, args.seed))
     print(f"ours: {json.dumps(ours)}\nload average {os.getloadavg()}", flush=True)
     torch.set_num_threads(os.cpu_count() or 1)
-    lrs = [float(x) for x in args.hf_lrs.split(",")]
+    lrs = [float(x) for x in args.hf_lrs.split(",") if x]
     runs = []
     for lr in lrs:
         run = run_hf(args, args.work, train_text, ours, lr)
         run.update(held_out(run["model"], heldout, args.seed))
         print(f"theirs: {json.dumps(run)}\nload average {os.getloadavg()}", flush=True)
         runs.append(run)
+    if not runs:  # ours alone (`--hf-lrs ""`), to set beside a peer measured at the same wall time
+        return
     best = max(runs, key=lambda r: r["mlm_accuracy"])
     best["lrs"] = ", ".join(f"{lr:g}" for lr in lrs)
     (args.work / "results.json").write_text(json.dumps({"ours": ours, "theirs": runs}, indent=1))
