@@ -173,8 +173,8 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
     )
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(ranges, d.text_field, tally, num_cpus=_READ_CPUS)
-    cpus = ray.cluster_resources().get("CPU", 1.0)
-    actors = d.tokenizer_actors or max(1, math.ceil(cpus - _READ_CPUS))
+    cpus, reserve = ray.cluster_resources().get("CPU", 1.0), _read_reserve()
+    actors = d.tokenizer_actors or max(1, math.ceil(cpus - reserve))
     # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
     # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
     # actor fails the preparation, which is published atomically and runs again whole. Ray Data 2.60 deprecates
@@ -186,9 +186,19 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
             fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings, "collator": collator, "tally": tally},
             compute=ray.data.ActorPoolStrategy(size=actors),
             batch_size=_DOCS_PER_BATCH,
-            num_cpus=min(1.0, max(0.1, (cpus - _READ_CPUS) / actors)),
+            num_cpus=min(1.0, max(0.1, (cpus - reserve) / actors)),
             max_restarts=0,
         )
+
+
+def _read_reserve() -> float:
+    """The CPUs the tokenizer actors leave to the read tasks: one read's worth on every node with CPUs. Reserved
+    once for the whole cluster, the actors spread over the nodes would leave each a fraction too small for any
+    read, and the preparation would wait for ever (on two 1-CPU nodes it did)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    return _READ_CPUS * max(1, len(nodes))
 
 
 def _read_user_dict(path: str | None) -> str | None:

@@ -1,0 +1,53 @@
+"""Data preparation on a cluster of several nodes (a local `ray.cluster_utils.Cluster`: a head without CPUs and
+two nodes of one CPU each): the tokenizer actors spread over the nodes and still leave every node room for the
+read tasks that feed them, so the preparation ends instead of waiting for ever."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from cluster_helpers import run_own_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+
+
+def main(corpus: Path, root: Path) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from albert_dist.config import DataJobConfig
+    from albert_dist.data import prepare_dataset
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    try:
+        cfg = DataJobConfig.model_validate(
+            {
+                "run": {"output_dir": str(root)},
+                "data": {"inputs": [str(corpus)], "format": "blocks", "max_seq_length": 64, "range_bytes": 50_000},
+                "tokenizer": {"kind": "sentencepiece", "vocab_size": 1000},
+            }
+        )
+        summary = prepare_dataset(cfg, log=print)
+        print("RESULT " + json.dumps({"instances": summary["instances"], "documents": summary["documents"]}))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_a_preparation_spread_over_two_one_cpu_nodes_ends(tmp_path, stdlib_corpus):
+    out = run_own_cluster(__file__, [str(stdlib_corpus), str(tmp_path)], tmp_path, "dc-")
+    result = json.loads(re.search(r"RESULT (\{.*\})", out)[1])
+    assert result["instances"] > 100 and result["documents"] > 100, out[-6000:]
+    assert int(re.search(r"in (\d+) range\(s\)", out)[1]) > 2, out[-6000:]  # many reads, in the nodes' spare room
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
