@@ -16,6 +16,7 @@ load average is printed with each figure: on a shared machine the figures are on
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import tempfile
@@ -38,11 +39,12 @@ WHOLE = 10**12  # a range size above any file: the file is read by one task, as 
 
 
 def write_corpus(name: str, path: Path, megabytes: float) -> Path:
-    """The corpus as one blank-line separated file, its first `megabytes` (whole documents)."""
+    """The corpus as one blank-line separated file, its first `megabytes` (whole documents; the corpus read again
+    from its start when it is smaller, so that the job's fixed start-up costs do not hide how its work scales)."""
     from corpora import documents
 
     limit, size, kept = int(megabytes * 2**20), 0, []
-    for doc in documents(name):
+    for doc in itertools.cycle(list(documents(name))):
         kept.append(doc)
         size += len(doc.encode()) + 2
         if size >= limit:
