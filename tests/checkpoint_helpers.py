@@ -9,17 +9,21 @@ from albert_dist.errors import CheckpointError
 from albert_dist.train import checkpointing
 
 
-def verifying_steps(run_dir: Path) -> list[int]:
-    """The steps of the stored checkpoints that pass their checksums (Ray copies a checkpoint file by file: one
+def verifying_checkpoints(run_dir: Path) -> dict[Path, int]:
+    """The stored checkpoints that pass their checksums, with their steps (Ray copies a checkpoint file by file: one
     whose manifest is there may still be on its way, or cut off by a fault, and is never resumed from)."""
-    steps = []
+    found = {}
     for checkpoint in run_dir.glob("ray/*/checkpoint_*"):
         try:
             checkpointing.verify_manifest(checkpoint)
         except CheckpointError:
             continue
-        steps.append(json.loads((checkpoint / "manifest.json").read_text())["step"])
-    return sorted(steps)
+        found[checkpoint] = json.loads((checkpoint / "manifest.json").read_text())["step"]
+    return found
+
+
+def verifying_steps(run_dir: Path) -> list[int]:
+    return sorted(verifying_checkpoints(run_dir).values())
 
 
 def assert_mid_run(resumed: int, verifying: list[int], last_step: int, first_checkpoint: int = 10) -> None:

@@ -4,7 +4,6 @@ the learning-rate range test. Faults: test_pretrain_faults.py."""
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import re
 import shutil
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_helpers import verifying_checkpoints
 from safetensors.torch import load_file
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
@@ -98,10 +98,6 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
-
-
-def checkpoints(run_dir: Path) -> list[Path]:
-    return [p for p in run_dir.glob("ray/*/checkpoint_*") if (p / "manifest.json").is_file()]
 
 
 def test_pretraining_learns_and_is_tracked(prepared, ray_session):
@@ -195,8 +191,20 @@ def test_held_out_masks_are_the_same_every_time_with_any_number_of_workers_and_t
     )
     assert eval_rows([other_training]) == one
     trained_on = [in_process_task(prepared)[0], other_training]
-    masked_share = [float((next(iter(task.train_batches(0)))["labels"] != -100).float().mean()) for task in trained_on]
-    assert masked_share[1] > 1.5 * masked_share[0], masked_share  # while it trains on its own masks
+    masked_share = [masked_share_of_tokens(itertools.islice(task.train_batches(0), 4)) for task in trained_on]
+    # while it trains on its own masks: twice the rate, though not twice the share here, as the short sequences of
+    # this corpus get at least one whole-word span at 15 % (0.20 of their tokens, 0.28 at 30 %: 1.38x in one run)
+    assert masked_share[1] > 1.25 * masked_share[0], masked_share
+
+
+def masked_share_of_tokens(batches) -> float:
+    """The share of the real tokens (padding left out) that carry a label: one batch's share over its padded
+    positions moves with the lengths of its sequences."""
+    labelled = tokens = 0
+    for batch in batches:
+        labelled += int((batch["labels"] != -100).sum())
+        tokens += int(batch["attention_mask"].sum())
+    return labelled / tokens
 
 
 def test_the_training_micro_batches_and_their_masks_are_the_same_with_one_worker_or_two(prepared, ray_session):
@@ -460,8 +468,8 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
     uninterrupted = final_weights(prepared / "phased")
     run = MlflowClient(first.tracking_uri).get_run(first.run_id)
     assert "prepared_16" in run.data.params["train.phases"]
-    for checkpoint in checkpoints(prepared / "phased"):
-        if json.loads((checkpoint / "manifest.json").read_text())["step"] > 4:
+    for checkpoint, step in verifying_checkpoints(prepared / "phased").items():
+        if step > 4:
             state = checkpoint / "training_state.pt"
             state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
 

@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from checkpoint_helpers import assert_mid_run, verifying_steps
+from checkpoint_helpers import assert_mid_run, verifying_checkpoints, verifying_steps
 from process_helpers import process_tree, train_workers_of, wait_until_gone
 from test_faults_disk import fill, tmpfs
 from test_pretrain import (
     assert_same_weights,
-    checkpoints,
     final_weights,
     prepared,  # noqa: F401 - a fixture (its own instance in this module)
     pretrain_overrides,
@@ -207,7 +206,7 @@ def faulted(prepared, baseline, tracking_server):
             wait_for(lambda: client.get_metric_history(run_id, "loss"), "the first metrics")
             tracking_server.stop()
             seen["killed"] = _training_workers()
-            wait_for(lambda: checkpoints(run_dir) and len(pending_steps()) >= 2, "a checkpoint and pending metrics")
+            wait_for(lambda: verifying_steps(run_dir) and len(pending_steps()) >= 2, "a checkpoint and pending metrics")
             stop_then_kill(seen["killed"])
             seen["pending"] = pending_steps()
             seen["alive"] = wait_until_gone(seen["killed"])
@@ -250,7 +249,8 @@ def test_workers_killed_during_an_mlflow_outage_resume_exactly_and_lose_no_metri
 
 
 def test_corrupted_latest_checkpoint_falls_back_to_the_previous(prepared, baseline, faulted, tracking_server):
-    latest = max(checkpoints(prepared / "faulted"), key=lambda p: json.loads((p / "manifest.json").read_text())["step"])
+    stored = verifying_checkpoints(prepared / "faulted")  # a copy the kill cut off stays behind, unverifiable
+    latest = max(stored, key=stored.get)
     state = latest / "training_state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # truncated
 
