@@ -95,6 +95,7 @@ def run_ours(args, work: Path, train_text: Path) -> dict:
             *common,
             "--set",
             f"data.inputs=[{train_text}]",
+            *[a for s in args.prepare_set for a in ("--set", s)],
         )
     overrides = [a for s in args.ours_set for a in ("--set", s)]
     name = f"ours-{time.strftime('%H%M%S')}"  # a run of its own, not a resume of an earlier one
@@ -237,6 +238,13 @@ def main() -> None:
         default=[],
         metavar="KEY=VALUE",
         help="an override of ours' pretraining config (repeatable)",
+    )
+    parser.add_argument(
+        "--prepare-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of ours' data preparation config, e.g. tokenizer.vocab_size=8000 for a small corpus",
     )
     parser.add_argument(
         "--hf-lrs", default="2e-4,5e-4,1e-3", help="the peer's learning rates; the best is kept (none: ours alone)"
