@@ -64,7 +64,7 @@ class DemoJobConfig(Section):
             log_every=100,
             eval_every=200,
             checkpoint_every=300,
-            eval_batches=32,  # all ~420 held-out pairs: SOP within ±2.4 points (one standard error), not ±4.4
+            eval_batches=32,  # all ~420 held-out pairs: SOP within ±2.4 points (one standard error)
             plateau_warning_after=0.5,
         )
     )

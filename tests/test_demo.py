@@ -89,7 +89,7 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
         assert (root / model / "config.json").is_file() and (root / model / "model.safetensors").is_file()
     summary = log[log.index("=== albert-dist demo: results ===") :]
     # every stage learned: above what a model that learned nothing scores (not fixed numbers). Pretraining's SOP
-    # scored 0.539-0.718 on 128-142 held-out pairs (standard error ~4.4 points), 0.636 on the ~420 the demo now
+    # scored 0.539-0.718 on 128-142 held-out pairs (standard error ~4.4 points), 0.606-0.636 on the ~420 the demo
     # holds out (~2.4 points): the bar is 2 standard errors above chance. Its
     # MLM is printed but not asserted: at the demo's budget it sits on the unigram plateau, +1.4 to +4.7 points in
     # seven runs and -0.6 in one CI run (benchmarks/README.md, "The demo"); tests/test_pretrain.py proves MLM
@@ -109,7 +109,7 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     )
     assert pretrained > random_init and random_init > 0.5 + 0.05, summary
     _, student = map(float, re.search(r"dev accuracy\s+(0\.\d+)\s+(0\.\d+)", summary).groups())
-    # the one-layer student learned the task: it kept 87.8-97.0 % of its teacher in the recorded runs (0.599 the
+    # the one-layer student learned the task: it kept 87.8-101.1 % of its teacher in the recorded runs (0.599 the
     # lowest, about the random init's accuracy), so the bar is chance + 5 points, not the random init
     assert student > 0.5 + 0.05, summary
     assert len(re.findall(r"TERMINATED", summary)) == 1  # the sweep's trial in the table
