@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import warnings
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +71,7 @@ def test_cut_ranges_read_exactly_as_the_whole_file(tmp_path, data, fmt, range_by
     path = tmp_path / "c.txt"
     path.write_bytes(data)
     scans = [_scan(str(path), fmt, len(data), p, p + range_bytes) for p in range(0, len(data), range_bytes)]
-    ranges = _text_ranges(str(path), fmt, scans) if data else []
+    ranges = _text_ranges(str(path), str(path), fmt, scans) if data else []
 
     def cut():
         documents, counts = [], Counter()
@@ -90,7 +92,7 @@ def test_a_gzip_file_is_one_range_read_whole(tmp_path):
     (r,) = plan_ranges([str(path)], "auto", "text", 100)
     assert (r.start, r.end) == (0, None)
     documents, counts = read_range(r, "text")
-    assert len(documents) == 400 and documents[-1]["doc_key"] == f"{path}#399" and counts["bytes"] == len(raw)
+    assert len(documents) == 400 and documents[-1]["doc_key"] == "c.txt.gz#399" and counts["bytes"] == len(raw)
 
 
 def documents_text(n_docs: int, seed: int = 0) -> list[str]:
@@ -123,7 +125,7 @@ def test_a_big_text_file_is_many_blocks_with_each_document_whole_once(ordered, t
     assert len(ranges) > 5 and {r.path for r in ranges} == {str(path)}
     dataset = read_documents(ranges, "text").materialize()
     assert dataset.num_blocks() >= len(ranges)
-    whole, _ = parse_file(str(path), path.read_bytes(), "auto", "text")
+    whole, _ = parse_file(str(path), path.read_bytes(), "auto", "text", name="big.txt")
     assert dataset.take_all() == whole and len(whole) == 121
     assert [d["text"] for d in whole].count(long_doc.strip()) == 1
 
@@ -135,7 +137,7 @@ def test_parquet_is_cut_into_row_spans(ordered, tmp_path):
     pq.write_table(pa.table({"body": texts}), path, row_group_size=150)
     ranges = plan_ranges([str(path)], "auto", "body", -(-path.stat().st_size // 6))
     assert len(ranges) == 6 and [r.first_document for r in ranges] == [r.start for r in ranges]
-    whole, whole_counts = parse_file(str(path), path.read_bytes(), "auto", "body")
+    whole, whole_counts = parse_file(str(path), path.read_bytes(), "auto", "body", name="rows.parquet")
     assert read_documents(ranges, "body").take_all() == whole
     counts = Counter()
     for r in ranges:
@@ -161,9 +163,13 @@ def config(tmp_path, inputs, tokenizer_dir, **data):
     )
 
 
-def test_prepared_data_is_the_same_however_the_files_are_cut(ray_session, english_tokenizer, tmp_path):
+def test_prepared_data_is_the_same_however_the_files_are_cut_and_wherever_they_lie(
+    ray_session, english_tokenizer, tmp_path
+):
     """Text (with undecodable bytes), JSONL and Parquet, each over the cut size: the shards are byte-identical to
-    those of reading every file whole, the counters too, and Ray Data never reports an actor pool short of input."""
+    those of reading every file whole, and to those of the same files in another directory (the keys that seed the
+    eval split and the masks hold no absolute path); the counters too, and Ray Data never reports an actor pool
+    short of input."""
     docs = documents_text(600, seed=2)
     text = tmp_path / "a.txt"
     text.write_bytes("\n\n".join(docs[:200]).encode() + b"\n\nBad \xff bytes. Here \xfe too.\n")
@@ -176,9 +182,17 @@ def test_prepared_data_is_the_same_however_the_files_are_cut(ray_session, englis
     for path in (text, jsonl, parquet):
         assert path.stat().st_size > 3 * cut_size and len(plan_ranges([str(path)], "auto", "text", cut_size)) > 3
 
+    elsewhere = tmp_path / "mounted" / "elsewhere"
+    elsewhere.mkdir(parents=True)
+    moved = [Path(shutil.copy(path, elsewhere)) for path in (text, jsonl, parquet)]
+
     results = {}
-    for name, range_bytes in (("cut", cut_size), ("whole", 10**9)):
-        cfg = config(tmp_path / name, [text, jsonl, parquet], tok_dir, range_bytes=range_bytes)
+    for name, inputs, range_bytes in (
+        ("cut", [text, jsonl, parquet], cut_size),
+        ("whole", [text, jsonl, parquet], 10**9),
+        ("moved", moved, cut_size),
+    ):
+        cfg = config(tmp_path / name, inputs, tok_dir, range_bytes=range_bytes)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             summary = prepare_dataset(cfg, log=lambda _: None)
@@ -191,6 +205,7 @@ def test_prepared_data_is_the_same_however_the_files_are_cut(ray_session, englis
     }
     assert cut_summary["files"] == 3 and cut_summary["replaced_chars"] == 2 and cut_summary["documents"] == 601
     assert cut_splits == whole_splits and cut_splits["train"]["rows"] > 300  # the shards' sha256 are in the splits
+    assert results["moved"][1] == cut_splits
     assert not [w for w in cut_warnings if "input(s)" in w]
 
 

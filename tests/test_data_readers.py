@@ -8,13 +8,28 @@ import pyarrow.parquet as pq
 import pytest
 
 from albert_dist.data.ranges import plan_ranges, read_documents
-from albert_dist.data.readers import file_format, parse_file, resolve_inputs
+from albert_dist.data.readers import document_names, file_format, parse_file, resolve_inputs
 from albert_dist.errors import DataError
 
 
 def texts(path, data, fmt, field="text"):
     docs, counts = parse_file(str(path), data, fmt, field)
     return [d["text"] for d in docs], counts
+
+
+def test_documents_are_named_by_their_path_below_the_inputs_common_directory(tmp_path, monkeypatch):
+    """The same corpus on another mount, relative to another working directory or in object storage: the same
+    names, so the same document keys."""
+    corpus = ["a/x.txt", "a/deeper/y.jsonl", "b/z.parquet"]
+    names = dict(zip(corpus, corpus))
+    assert document_names([f"/data/corpus/{f}" for f in corpus]) == {f"/data/corpus/{f}": n for f, n in names.items()}
+    assert document_names([f"s3://bucket/run/{f}" for f in corpus]) == {
+        f"s3://bucket/run/{f}": n for f, n in names.items()
+    }
+    monkeypatch.chdir(tmp_path)
+    assert document_names(corpus) == names
+    assert document_names(["/mnt/one/file.txt"]) == {"/mnt/one/file.txt": "file.txt"}
+    assert document_names([]) == {}
 
 
 def test_formats():

@@ -3,9 +3,10 @@
 A text file is cut every `range_bytes` at the next place a document ends: the start of a line (lines, JSONL) or
 of the line after a blank one (blocks, sentences), so every document is read whole by exactly one range. A
 counting pass (Ray tasks, one per range: it decodes and splits lines, no tokenizing) tells each range how many
-documents and lines of its file come before it, so documents keep the keys `path#index` of the whole file (the
-keys seed their instances and the eval split) and a broken JSONL line is reported with its line in the file: the
-prepared data is the same however the files are cut. A Parquet file is cut into row spans (its metadata gives the
+documents and lines of its file come before it, so documents keep the keys `name#index` of the whole file (the
+keys seed their instances and the eval split; the name is the file's path below the inputs' common directory)
+and a broken JSONL line is reported with its line in the file: the prepared data is the same however the files
+are cut. A Parquet file is cut into row spans (its metadata gives the
 row counts; a range reads only the row groups it overlaps). A gzip file is one range: a gzip stream cannot be
 entered in the middle, so any range of it would first decompress all that precedes it.
 """
@@ -20,6 +21,7 @@ from albert_dist.data.readers import (
     Document,
     decode,
     document_count,
+    document_names,
     file_format,
     make_documents,
     parquet_texts,
@@ -41,6 +43,7 @@ class FileRange:
     (`end` None) the whole file."""
 
     path: str
+    name: str  # the file's name in its documents' keys (`document_names`)
     fmt: str
     start: int = 0
     end: int | None = None
@@ -63,19 +66,20 @@ def plan_ranges(
     import ray
 
     scan = ray.remote(num_cpus=num_cpus)(_scan) if num_cpus is not None else ray.remote(_scan)
-    planned: list[list[FileRange] | tuple[str, str, list]] = []
+    names = document_names(files)
+    planned: list[list[FileRange] | tuple[str, str, str, list]] = []
     for path in files:
         kind, size = file_format(path, fmt), _size(path)
         if path.lower().endswith(".gz") or size <= range_bytes:
-            planned.append([FileRange(path, kind)])
+            planned.append([FileRange(path, names[path], kind)])
         elif kind == "parquet":
-            planned.append(_parquet_ranges(path, size, text_field, range_bytes))
+            planned.append(_parquet_ranges(path, names[path], size, text_field, range_bytes))
         else:
-            starts = range(0, size, range_bytes)
-            planned.append((path, kind, [scan.remote(path, kind, size, p, p + range_bytes) for p in starts]))
+            scans = [scan.remote(path, kind, size, p, p + range_bytes) for p in range(0, size, range_bytes)]
+            planned.append((path, names[path], kind, scans))
     ranges: list[FileRange] = []
     for item in planned:
-        ranges.extend(item if isinstance(item, list) else _text_ranges(*item[:2], ray.get(item[2])))
+        ranges.extend(item if isinstance(item, list) else _text_ranges(*item[:3], ray.get(item[3])))
     return ranges
 
 
@@ -84,7 +88,7 @@ def _size(path: str) -> int:
     return fs.get_file_info(location).size
 
 
-def _parquet_ranges(path: str, size: int, column: str, range_bytes: int) -> list[FileRange]:
+def _parquet_ranges(path: str, name: str, size: int, column: str, range_bytes: int) -> list[FileRange]:
     import pyarrow.parquet as pq
 
     fs, location = filesystem(path)
@@ -95,17 +99,17 @@ def _parquet_ranges(path: str, size: int, column: str, range_bytes: int) -> list
             raise DataError(f"{path}: not a readable Parquet file ({err})") from None
     pieces = max(1, min(rows, -(-size // range_bytes)))
     cuts = [rows * i // pieces for i in range(pieces + 1)]
-    return [FileRange(path, "parquet", a, b, first_document=a) for a, b in zip(cuts, cuts[1:])]
+    return [FileRange(path, name, "parquet", a, b, first_document=a) for a, b in zip(cuts, cuts[1:])]
 
 
-def _text_ranges(path: str, kind: str, scans: list[tuple[int, int, int, int, bool]]) -> list[FileRange]:
+def _text_ranges(path: str, name: str, kind: str, scans: list[tuple[int, int, int, int, bool]]) -> list[FileRange]:
     """Ranges from the counting pass's (start, end, documents, lines, blank) of each nominal range; ranges left
     empty by a long document are dropped."""
     blank = all(s[4] for s in scans)
     ranges, documents, lines = [], 0, 0
     for start, end, n_documents, n_lines, _ in scans:
         if start < end or not ranges:
-            ranges.append(FileRange(path, kind, start, end, documents, lines, blank))
+            ranges.append(FileRange(path, name, kind, start, end, documents, lines, blank))
         documents, lines = documents + n_documents, lines + n_lines
     return ranges
 
@@ -156,17 +160,17 @@ def read_range(r: FileRange, text_field: str) -> tuple[list[Document], Counter]:
     fs, location = filesystem(r.path)
     if r.end is None:
         with fs.open_input_stream(location, compression=None) as f:  # parse_file decompresses (and checks) gzip
-            return parse_file(r.path, f.read(), r.fmt, text_field)
+            return parse_file(r.path, f.read(), r.fmt, text_field, r.name)
     counts: Counter = Counter(files=int(r.start == 0), empty_files=int(r.start == 0 and bool(r.blank_file)))
     if r.fmt == "parquet":
         with fs.open_input_file(location) as f:
             texts = parquet_texts(r.path, f, text_field, (r.start, r.end))
             counts["bytes"] = f.size() if r.start == 0 else 0
-        return make_documents(r.path, texts, False, r.first_document, counts), counts
+        return make_documents(r.name, texts, False, r.first_document, counts), counts
     with fs.open_input_file(location) as f:
         f.seek(r.start)
         data = f.read(r.end - r.start)
-    documents, text_counts = parse_text(r.path, data, r.fmt, text_field, r.first_document, r.first_line)
+    documents, text_counts = parse_text(r.path, data, r.fmt, text_field, r.first_document, r.first_line, r.name)
     counts.update(text_counts)
     return documents, counts
 

@@ -13,6 +13,8 @@ import fnmatch
 import gzip
 import io
 import json
+import os
+import posixpath
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -48,6 +50,17 @@ def resolve_inputs(inputs: list[str]) -> list[str]:
             raise DataError(f"data.inputs: {what}: {item}")
         files.update(prefix + m if prefix else m for m in matched)
     return sorted(files)
+
+
+def document_names(files: list[str]) -> dict[str, str]:
+    """Each file's name in its documents' keys: its path below the deepest directory holding every file. The keys
+    seed the eval split and the instances, so the same corpus prepared from another place (another mount point, a
+    copy in object storage) gives the same prepared data."""
+    locations = ["/" + f.split("://", 1)[1] if "://" in f else os.path.abspath(f) for f in files]
+    if not locations:
+        return {}
+    root = posixpath.commonpath([posixpath.dirname(location) for location in locations])
+    return {f: posixpath.relpath(location, root) for f, location in zip(files, locations)}
 
 
 def _expand(fs: pafs.FileSystem, path: str) -> list[str]:
@@ -91,8 +104,11 @@ def file_format(path: str, configured: str) -> str:
     return "blocks"
 
 
-def parse_file(path: str, data: bytes, fmt: str, text_field: str) -> tuple[list[Document], Counter]:
-    """Documents of one whole file and its counters (files, bytes, replaced_chars, empty_files, empty_documents)."""
+def parse_file(
+    path: str, data: bytes, fmt: str, text_field: str, name: str | None = None
+) -> tuple[list[Document], Counter]:
+    """Documents of one whole file, keyed by `name` (`document_names`; the path if not given), and its counters
+    (files, bytes, replaced_chars, empty_files, empty_documents)."""
     counts: Counter = Counter(files=1)
     if path.lower().endswith(".gz"):
         try:
@@ -104,15 +120,21 @@ def parse_file(path: str, data: bytes, fmt: str, text_field: str) -> tuple[list[
     fmt = file_format(path, fmt)
     if fmt == "parquet":
         counts["bytes"] = len(data)
-        documents = make_documents(path, parquet_texts(path, io.BytesIO(data), text_field), False, 0, counts)
-        return documents, counts
-    documents, text_counts = parse_text(path, data, fmt, text_field)
+        texts = parquet_texts(path, io.BytesIO(data), text_field)
+        return make_documents(name or path, texts, False, 0, counts), counts
+    documents, text_counts = parse_text(path, data, fmt, text_field, name=name)
     counts.update(text_counts)
     return documents, counts
 
 
 def parse_text(
-    path: str, data: bytes, fmt: str, text_field: str, first_document: int = 0, first_line: int = 0
+    path: str,
+    data: bytes,
+    fmt: str,
+    text_field: str,
+    first_document: int = 0,
+    first_line: int = 0,
+    name: str | None = None,
 ) -> tuple[list[Document], Counter]:
     """Documents of a text file's bytes, whole or a range of whole lines (whole documents for blocks and
     sentences) that has `first_document` documents and `first_line` lines of the file before it; only the file's
@@ -122,7 +144,7 @@ def parse_text(
     # U+FFFD that was already in the file (encoded as EF BF BD) is not a decoding error.
     counts["replaced_chars"] = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
     texts = _TEXT_PARSERS[fmt](path, text, text_field, first_line)
-    return make_documents(path, texts, fmt == "sentences", first_document, counts), counts
+    return make_documents(name or path, texts, fmt == "sentences", first_document, counts), counts
 
 
 def decode(data: bytes, file_start: bool) -> str:
@@ -138,15 +160,15 @@ def document_count(fmt: str, text: str) -> int:
 
 
 def make_documents(
-    path: str, texts: list[str | None], presplit: bool, first_document: int, counts: Counter
+    name: str, texts: list[str | None], presplit: bool, first_document: int, counts: Counter
 ) -> list[Document]:
-    """Documents keyed by their index in the file (the key seeds their instances and the eval split)."""
+    """Documents keyed `name#index`, their index in the file (the key seeds their instances and the eval split)."""
     documents = []
     for index, text in enumerate(texts, start=first_document):
         if text is None or not text.strip():
             counts["empty_documents"] += 1
             continue
-        documents.append({"doc_key": f"{path}#{index}", "text": text, "presplit": presplit})
+        documents.append({"doc_key": f"{name}#{index}", "text": text, "presplit": presplit})
     return documents
 
 
