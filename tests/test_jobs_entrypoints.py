@@ -59,10 +59,28 @@ def test_pretraining_presets_build_their_models():
         for stem in ("pretrain_tiny", "pretrain_base", "pretrain_large")
     }
     assert [sizes[s].hidden_size for s in ("pretrain_tiny", "pretrain_base", "pretrain_large")] == [312, 768, 1024]
-    prepare = load_config(DataJobConfig, CONFIGS / "prepare_data.yaml")
-    for stem in sizes:  # pretraining reads what prepare_data writes
-        cfg = load_config(PretrainJobConfig, CONFIGS / f"{stem}.yaml")
-        assert (cfg.run.output_dir, cfg.data.output) == (prepare.run.output_dir, prepare.data.output)
+
+
+@pytest.mark.parametrize(
+    "pretrain, prepare, capped",
+    [
+        ("pretrain_tiny", "prepare_data", False),
+        ("pretrain_zh", "prepare_zh", False),
+        # google-research/albert's setup: 20 predictions at 512 tokens
+        ("pretrain_base", "prepare_data", True),
+        ("pretrain_large", "prepare_data", True),
+    ],
+)
+def test_pretraining_reads_what_its_preparation_writes_with_masks_for_its_length(pretrain, prepare, capped):
+    cfg = load_config(PretrainJobConfig, CONFIGS / f"{pretrain}.yaml")
+    data = load_config(DataJobConfig, CONFIGS / f"{prepare}.yaml")
+    assert (cfg.run.output_dir, cfg.data.output) == (data.run.output_dir, data.data.output)
+    if capped:
+        assert (cfg.masking.mlm_probability, cfg.masking.max_predictions_per_seq) == (0.15, 20)
+        return
+    # room for every prediction its masking rate asks of a full-length sequence, rounded up by less than 8
+    wanted = cfg.masking.mlm_probability * data.data.max_seq_length
+    assert wanted <= cfg.masking.max_predictions_per_seq < wanted + 8, (wanted, cfg.masking.max_predictions_per_seq)
 
 
 @pytest.mark.parametrize("job", JOBS.values(), ids=lambda job: job.name)
