@@ -64,7 +64,7 @@ class DemoJobConfig(Section):
             log_every=100,
             eval_every=300,
             checkpoint_every=600,
-            eval_batches=32,  # all ~420 held-out pairs: SOP within ±2.4 points (one standard error)
+            eval_batches=32,  # all ~400 held-out pairs: SOP within ±2.5 points (one standard error)
             plateau_warning_after=0.5,
         )
     )

@@ -37,14 +37,19 @@ def objects(s3, prefix: str) -> dict[str, bytes]:
     return {key[len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in keys}
 
 
+def checkpoint_names(stored: dict[str, bytes], run: str) -> set[str]:
+    """The checkpoint directories of `run` with at least one file stored on the server."""
+    prefix = f"ray/{run}/"
+    return {key[len(prefix) :].split("/")[0] for key in stored if re.match(f"{prefix}checkpoint_[^/]+/", key)}
+
+
 def verified_checkpoints(stored: dict[str, bytes], run: str) -> dict[str, int]:
     """Each complete checkpoint of `run` stored on the server (name: step), every file checked against its
     manifest. A copy a fault cut off (its manifest or a listed file not there) is left out: it is never resumed
     from. A file that is there with other bytes than its manifest says fails the test."""
     prefix = f"ray/{run}/"
-    names = {key[len(prefix) :].split("/")[0] for key in stored if re.match(f"{prefix}checkpoint_[^/]+/", key)}
     steps = {}
-    for name in names:
+    for name in checkpoint_names(stored, run):
         manifest_key = f"{prefix}{name}/manifest.json"
         if manifest_key not in stored:
             continue
@@ -202,7 +207,9 @@ def test_training_rides_out_a_flaky_store_then_two_refusal_windows(s3_env, prepa
     assert {"model.safetensors", "manifest.json"} <= uploaded, uploaded
 
     stored = objects(prepared, "runs/flaky/")
-    assert set(verified_checkpoints(stored, "flaky").values()) >= {30, 40}
+    verified = verified_checkpoints(stored, "flaky")
+    # the run finished: every checkpoint it stored is complete and verifies, the last two among them
+    assert set(verified) == checkpoint_names(stored, "flaky") and set(verified.values()) >= {30, 40}, verified
     for model in ("model", "best_model"):
         published = json.loads(stored[f"{model}/published.json"])["files"]
         assert {"config.json", "model.safetensors", "spiece.model"} <= set(published)
