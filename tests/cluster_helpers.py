@@ -112,13 +112,32 @@ def run_own_cluster(script, args: list[str], tmp_path, prefix: str, **env_vars: 
     return out
 
 
-def one_worker_node_cluster():
-    """A `ray.cluster_utils.Cluster` whose head has no CPU and one worker node of one CPU, connected to: a training
-    worker can only run on that node. Returns the cluster and the node."""
-    import ray
+def loopback_cluster():
+    """A `ray.cluster_utils.Cluster` with a head of no CPU, whose nodes (those added later too) listen on 127.0.0.1
+    only: Ray's single-machine mode, the one a local Ray starts in, for this whole process and the nodes it starts,
+    and each node's IP the loopback address. Ray's default would be every interface and the machine's address."""
+    import os
+
+    from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    from albert_dist.ray_init import LOOPBACK_FLAG
+
+    os.environ[LOOPBACK_FLAG], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+
+    class LoopbackCluster(Cluster):
+        def add_node(self, wait: bool = True, **node_args):
+            return super().add_node(wait, node_ip_address="127.0.0.1", **node_args)
+
+    return LoopbackCluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+
+
+def one_worker_node_cluster():
+    """A loopback cluster whose one worker node has one CPU, connected to: a training worker can only run on that
+    node. Returns the cluster and the node."""
+    import ray
+
+    cluster = loopback_cluster()
     node = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=True)
     return cluster, node

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cluster_helpers import drain, run_own_cluster, train_while
+from cluster_helpers import drain, loopback_cluster, run_own_cluster, train_while
 
 from albert_dist.train.loop import TaskSpec
 
@@ -130,12 +130,11 @@ def reclaim_then_return(cluster, node, root: Path) -> None:
 def main(root: Path) -> None:
     import mlflow
     import ray
-    from ray.cluster_utils import Cluster
 
     from albert_dist.config import PretrainScalingSection, TrainSection
     from albert_dist.train.ray_runner import run_training, training_data_context
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster = loopback_cluster()
     cluster.add_node(num_cpus=1)
     reclaimed = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=True)
