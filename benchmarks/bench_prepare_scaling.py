@@ -5,12 +5,17 @@
     python benchmarks/bench_prepare_scaling.py                       # en SentencePiece, zh WordPiece ± jieba
     python benchmarks/bench_prepare_scaling.py --arms zh-jieba --cpus 1 2 --mb 2
     python benchmarks/bench_prepare_scaling.py --address auto --cpus 2   # a running Ray cluster (ray start ...)
+    python benchmarks/bench_prepare_scaling.py --marginal --mb 16        # the steady-state rate: 16 MB against 48 MB
 
 Arms: `en-spm` (Python's documentation, a SentencePiece model), `zh-wp` and `zh-wp-jieba` (Debian's Chinese
 manual pages, a WordPiece vocabulary, without and with jieba whole-word masks). Tokenizers are trained first, not
 timed. Each measurement is one `prepare_dataset` in a fresh Ray with that many CPUs and as many tokenizer actors;
 its tokens/s is the summary's (input tokens over the job's wall time: ranges, tokenizing, instances, shards). The
 load average is printed with each figure: on a shared machine the figures are only as good as the quiet.
+
+`--marginal` measures each CPU count on the corpus at `--mb` and at three times that, and prints the rate of the
+difference (extra tokens over extra seconds): the steady-state rate, without the fixed start-up costs (Ray's
+actors and workers starting, jieba's dictionary) that decide a small job's end-to-end rate.
 """
 
 from __future__ import annotations
@@ -133,12 +138,13 @@ def measure(
     else:
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        load_before = os.getloadavg()[0]
+        load_before, driver_cpu = os.getloadavg()[0], time.process_time()
         summary = prepare(corpus, tokenizer, kind, segmenter, cpus, range_bytes, work)
         return {
             "cpus": cpus,
             "tokens": summary["tokens"],
             "seconds": summary["seconds"],
+            "driver_cpu_s": time.process_time() - driver_cpu,
             "tokens_per_second": summary["tokens_per_second"],
             "load": (load_before, os.getloadavg()[0]),
         }
@@ -154,6 +160,7 @@ def main() -> None:
     parser.add_argument("--no-whole", action="store_true", help="skip the read-whole reference at the most CPUs")
     parser.add_argument("--address", help="attach to this Ray cluster instead of starting one per measurement")
     parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--marginal", action="store_true", help="the rate of --mb against three times --mb")
     parser.add_argument(
         "--per-core",
         action="store_true",
@@ -172,6 +179,10 @@ def main() -> None:
                 tokenizers[name, kind] = corpus, train_tokenizer(kind, corpus, work / f"tok-{name}", args.vocab_size)
             corpus, tokenizer = tokenizers[name, kind]
             print(f"\n{arm}: {corpus.stat().st_size / 2**20:.1f} MB, one file")
+            if args.marginal:
+                bigger = write_corpus(name, work / f"{name}-x3.txt", 3 * args.mb)
+                marginal(args, arm, corpus, bigger, tokenizer, kind, segmenter, work)
+                continue
             if args.per_core:
                 load = os.getloadavg()[0]
                 r = per_core(corpus, tokenizer, kind, segmenter)
@@ -217,6 +228,27 @@ def main() -> None:
                     f"  30 GB of this text ({tokens_per_byte:.2f} tokens/byte) on 64 cores at the 1-CPU rate: "
                     f"{hours:.1f} h"
                 )
+
+
+def marginal(args, arm, small: Path, big: Path, tokenizer: Path, kind, segmenter, work: Path) -> None:
+    """The steady-state rate at each CPU count: (tokens of `big` − tokens of `small`) over the difference of their
+    wall times; and how much of a core the driver (Ray Data's executor, the shard writer) used."""
+    rates = {}
+    for cpus in args.cpus:
+        runs = [
+            measure(args, c, tokenizer, kind, segmenter, cpus, None, work / f"{arm}-{cpus}-{c.stem}")
+            for c in (small, big)
+        ]
+        (a, b), rates[cpus] = runs, (runs[1]["tokens"] - runs[0]["tokens"]) / (runs[1]["seconds"] - runs[0]["seconds"])
+        print(
+            f"  {cpus} CPU(s): {a['tokens']:,} tokens in {a['seconds']:.1f} s, {b['tokens']:,} in {b['seconds']:.1f} s: "
+            f"{rates[cpus]:,.0f} tokens/s marginal; the driver used {b['driver_cpu_s'] / b['seconds']:.0%} of a core; "
+            f"load average {a['load'][0]:.1f} → {b['load'][1]:.1f}",
+            flush=True,
+        )
+    if len(rates) > 1:
+        low, high = min(rates), max(rates)
+        print(f"  marginal scaling {low} → {high} CPUs: {rates[high] / rates[low]:.2f}x (goal >= 1.7x from 1 to 2)")
 
 
 def _cpu_model() -> str:
