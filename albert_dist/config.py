@@ -200,7 +200,7 @@ class TokenizerSection(Section):
         "file); when empty one is trained on the corpus.",
     )
     vocab_size: int = Field(8000, ge=16)
-    character_coverage: float = Field(0.99995, gt=0, le=1, description="SentencePiece only.")
+    character_coverage: float = Field(0.99995, ge=0.98, le=1, description="SentencePiece only (it takes 0.98-1).")
     input_sentence_size: int = Field(1_000_000, gt=0, description="Lines sampled from the corpus for training.")
     model_type: Literal["unigram", "bpe"] = Field("unigram", description="SentencePiece only.")
 

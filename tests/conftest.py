@@ -24,6 +24,7 @@ LONGEST_FIRST = [
     "test_pretrain_faults.py",
     "test_faults_elastic.py",
     "test_pretrain.py",
+    "test_config_effect_prepare.py",
     "test_tune.py",
     "test_tracking.py",
     "test_mlflow_ui.py",

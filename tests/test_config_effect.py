@@ -12,18 +12,16 @@ with why.
 from __future__ import annotations
 
 import shutil
-import typing
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from effect_helpers import Together, keys_without_effect, leaf_keys
 from finetune_helpers import pair_rows, tiny_model_dir, write_csv
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from albert_dist.config import DataJobConfig, Section, load_config
+from albert_dist.config import DataJobConfig, load_config
 from albert_dist.errors import ConfigError
-from albert_dist.tune.space import with_values
 
 TRACKING = {
     "tracking.tracking_uri": "where the MLflow run is recorded (tracking.job_run), not what it does",
@@ -48,64 +46,7 @@ OUTPUT_ONLY = {
 }
 
 
-class Together(dict):
-    """Keys set together (a key whose other value needs others)."""
-
-
 REFUSED = {"distill": {"data.labels": "distillation learns the teacher's labels"}}
-
-
-def leaf_keys(cls: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, field) of every field of `cls` and, recursively, of its sections (a list of sections, as
-    train.phases, is one key)."""
-    for name, field in cls.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, Section):
-            yield from leaf_keys(annotation, f"{prefix}{name}.")
-        else:
-            yield f"{prefix}{name}", field
-
-
-def other_value(field, value: Any) -> Any:
-    """A valid value other than `value` for `field`, by its type; None when the type does not say one."""
-    options = [field.annotation, *typing.get_args(field.annotation)]
-    literal = [typing.get_args(o) for o in options if typing.get_origin(o) is typing.Literal]
-    if literal:
-        return next(choice for choice in literal[0] if choice != value)
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return value + 1
-    if isinstance(value, float):
-        return value / 2 if value else 0.1
-    return None
-
-
-def keys_without_effect(plan, cfg: BaseModel, alternatives: dict[str, Any], output_only: dict[str, str]) -> list[str]:
-    """The keys of `cfg` whose other value leaves `plan(cfg).resolved()` as it is (or that have no other value),
-    each with why."""
-    base = plan(cfg).resolved()
-    problems = []
-    for key, field in leaf_keys(type(cfg)):
-        if key in output_only:
-            continue
-        value = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
-        changes = alternatives.get(key)
-        if changes is None:
-            other = other_value(field, value)
-            if other is None:
-                problems.append(f"{key}: no other value (add one to ALTERNATIVES)")
-                continue
-            changes = {key: other}
-        elif not isinstance(changes, Together):
-            changes = {key: changes}
-        if plan(with_values(cfg, changes)).resolved() == base:
-            problems.append(f"{key}: {changes} leaves the plan as it is")
-    return problems
 
 
 @pytest.fixture(scope="module")

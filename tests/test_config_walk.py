@@ -1,6 +1,7 @@
 """Every key a job's config accepts is read by that job's code: the walk over every field of the registered jobs
-that have no resolved plan yet (data preparation, sweeps, the demo); the training jobs' keys are proven to change
-their plan by test_config_effect.py, which this name-matching walk cannot do.
+whose keys no test proves to have an effect (sweeps, the demo); the training jobs' keys are proven to change their
+plan by test_config_effect.py, data preparation's to change what it writes by test_config_effect_prepare.py, which
+this name-matching walk cannot do.
 
 The rule: a field `name` counts as read by a job when a module the job runs, outside the sections' validators, reads
 `name` as an attribute (`cfg.train.name`), as a constant key (`config["name"]`, `.get("name")`,
@@ -93,8 +94,9 @@ def reads(tree: ast.AST) -> Iterator[str]:
 
 
 REGISTRY = REPO / "albert_dist" / "job_registry.py"
-#: the training jobs, whose keys test_config_effect.py proves change their plan
-PLANNED = {"pretrain", "finetune", "distill"}
+#: the jobs whose keys are proven to have an effect: the training jobs' change their plan (test_config_effect.py),
+#: data preparation's what it writes (test_config_effect_prepare.py)
+PLANNED = {"pretrain", "finetune", "distill", "prepare_data"}
 MODULE_REF = re.compile(r"^((?:albert_dist|jobs)(?:\.\w+)+)(?::\w+)?$")
 
 

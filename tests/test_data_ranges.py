@@ -199,10 +199,11 @@ def test_prepared_data_is_the_same_however_the_files_are_cut_and_wherever_they_l
         manifest = json.loads((tmp_path / name / "out/manifest.json").read_text())
         results[name] = summary, manifest["splits"], [str(w.message) for w in caught]
     (cut_summary, cut_splits, cut_warnings), (whole_summary, whole_splits, _) = results["cut"], results["whole"]
-    timing = ("seconds", "tokens_per_second", "instances_per_second")
-    assert {k: v for k, v in cut_summary.items() if k not in timing} == {
-        k: v for k, v in whole_summary.items() if k not in timing
+    how_it_ran = ("seconds", "tokens_per_second", "instances_per_second", "ranges", "tokenizer_actors")
+    assert {k: v for k, v in cut_summary.items() if k not in how_it_ran} == {
+        k: v for k, v in whole_summary.items() if k not in how_it_ran
     }
+    assert cut_summary["ranges"] > 3 * whole_summary["ranges"] == 9
     assert cut_summary["files"] == 3 and cut_summary["replaced_chars"] == 2 and cut_summary["documents"] == 601
     assert cut_splits == whole_splits and cut_splits["train"]["rows"] > 300  # the shards' sha256 are in the splits
     assert results["moved"][1] == cut_splits

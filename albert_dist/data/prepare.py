@@ -99,6 +99,7 @@ def prepare_dataset(
             eval_instances=splits["eval"]["rows"],
             instances=splits["train"]["rows"] + splits["eval"]["rows"],
         )
+        counts.update(ranges=len(ranges), tokenizer_actors=_actor_pool(cfg, len(ranges))[0])
         summary = summarize_counts(counts)
         if not summary["instances"]:
             raise DataError(f"no instances: the corpus ({len(files)} file(s)) holds no document with two tokens")
@@ -173,8 +174,7 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
     )
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(ranges, d.text_field, tally, num_cpus=_READ_CPUS)
-    cpus, reserve = ray.cluster_resources().get("CPU", 1.0), _read_reserve()
-    actors = d.tokenizer_actors or max(1, math.ceil(cpus - reserve))
+    actors, cpus_each = _actor_pool(cfg, len(ranges))
     # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
     # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
     # actor fails the preparation, which is published atomically and runs again whole. Ray Data 2.60 deprecates
@@ -186,9 +186,20 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
             fn_constructor_kwargs={"tokenizer": tokenizer, "settings": settings, "collator": collator, "tally": tally},
             compute=ray.data.ActorPoolStrategy(size=actors),
             batch_size=_DOCS_PER_BATCH,
-            num_cpus=min(1.0, max(0.1, (cpus - reserve) / actors)),
+            num_cpus=cpus_each,
             max_restarts=0,
         )
+
+
+def _actor_pool(cfg: DataJobConfig, ranges: int) -> tuple[int, float]:
+    """How many tokenizer actors and the CPUs each asks for: `data.tokenizer_actors`, by default the cluster's
+    CPUs less the reads' share but no more than the ranges (each range is a block; an actor without one would only
+    cost its start-up)."""
+    import ray
+
+    cpus, reserve = ray.cluster_resources().get("CPU", 1.0), _read_reserve()
+    actors = cfg.data.tokenizer_actors or max(1, min(ranges, math.ceil(cpus - reserve)))
+    return actors, min(1.0, max(0.1, (cpus - reserve) / actors))
 
 
 def _read_reserve() -> float:
