@@ -132,14 +132,22 @@ def loopback_cluster():
     return LoopbackCluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
 
 
+def connect(cluster) -> None:
+    """Join `cluster` with the worker setup of a local Ray (`ray_init.prepare_local_worker`): the state API on this
+    cluster, and the training rendezvous rank 0 serves on loopback (torch's default is every interface)."""
+    import ray
+
+    hook = "albert_dist.ray_init.prepare_local_worker"
+    ray.init(address=cluster.address, log_to_driver=True, runtime_env={"worker_process_setup_hook": hook})
+
+
 def one_worker_node_cluster():
     """A loopback cluster whose one worker node has one CPU, connected to: a training worker can only run on that
     node. Returns the cluster and the node."""
-    import ray
 
     cluster = loopback_cluster()
     node = cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=True)
+    connect(cluster)
     return cluster, node
 
 

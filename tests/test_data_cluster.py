@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster_helpers import loopback_cluster, run_own_cluster
+from cluster_helpers import connect, loopback_cluster, run_own_cluster
 from process_helpers import is_loopback, listeners_of, process_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
@@ -28,7 +28,7 @@ def main(corpus: Path, root: Path) -> None:
     for _ in range(2):
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
+    connect(cluster)
     try:
         cfg = DataJobConfig.model_validate(
             {

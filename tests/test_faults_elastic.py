@@ -2,7 +2,8 @@
 is drained with a deadline mid-run, the workers checkpoint the step reached, the run goes on with one worker and the
 same global batch, and grows back to two when a node returns. It trains the same global batches (ids of the rows,
 per step) as an uninterrupted run on two workers, ends at nearly its loss, logs every metric step once, and the
-preemption is not counted as a failure (`max_failures=0`).
+preemption is not counted as a failure (`max_failures=0`). Every process of the cluster, the training workers'
+rendezvous included, listens on loopback only.
 
 As in test_faults_drain, `ray.cluster_utils.Cluster` runs in a subprocess (`python tests/test_faults_elastic.py
 ROOT`): a head without CPU and two worker nodes of one CPU, one training worker each.
@@ -14,12 +15,14 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cluster_helpers import drain, loopback_cluster, run_own_cluster, train_while
+from cluster_helpers import connect, drain, loopback_cluster, run_own_cluster, train_while
+from process_helpers import is_loopback, listeners_of, process_tree
 
 from albert_dist.train.loop import TaskSpec
 
@@ -137,7 +140,7 @@ def main(root: Path) -> None:
     cluster = loopback_cluster()
     cluster.add_node(num_cpus=1)
     reclaimed = cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=True)
+    connect(cluster)
     training_data_context()
     rows = ray.data.range(ROWS).materialize()
     train = TrainSection(
@@ -154,6 +157,14 @@ def main(root: Path) -> None:
         max_failures=0,
         resource_wait_attempts=-1,
     )
+    listeners, sampled = set(), threading.Event()
+
+    def sample_listeners() -> None:  # the cluster's processes, the training workers' rendezvous among them
+        while not sampled.is_set():
+            listeners.update(listeners_of(process_tree(os.getpid())))
+            time.sleep(0.5)
+
+    threading.Thread(target=sample_listeners, daemon=True).start()
     uninterrupted = run_training(
         name="uninterrupted",
         storage_path=root / "uninterrupted" / "ray",
@@ -163,7 +174,9 @@ def main(root: Path) -> None:
         seed=0,
         datasets={"train": rows},
     )
+    sampled.set()
     print("UNINTERRUPTED " + json.dumps({"loss": uninterrupted.metrics["loss"]}), flush=True)
+    print("LISTENERS " + json.dumps(sorted(listeners)), flush=True)
     elastic = root / "elastic"
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
     run_id = mlflow.MlflowClient().create_run(mlflow.create_experiment("elastic")).info.run_id
@@ -210,6 +223,9 @@ def test_an_elastic_run_shrinks_on_a_drain_grows_back_and_trains_the_uninterrupt
     assert re.search(rf"resumed from \S+ at step {lone} ", out), out[-6000:]
     result = json.loads(re.search(r"RESULT (\{.*\})", out)[1])  # max_failures=0: the reclaim was no failure
     assert result["step"] == MAX_STEPS, out[-6000:]
+    listeners = json.loads(re.search(r"LISTENERS (\[.*\])", out)[1])
+    assert "RayTrainWorker" in " ".join(name for _, _, name in listeners), listeners  # rank 0's rendezvous seen
+    assert not [listener for listener in listeners if not is_loopback(listener[0])], listeners
 
     reference, elastic = global_batches(tmp_path / "uninterrupted"), global_batches(tmp_path / "elastic")
     assert sorted(reference) == sorted(elastic) == list(range(1, MAX_STEPS + 1))
