@@ -34,6 +34,11 @@ def is_loopback(ip: str) -> bool:
     return address.is_loopback or bool(getattr(address, "ipv4_mapped", None) and address.ipv4_mapped.is_loopback)
 
 
+def beyond_loopback(listeners) -> list:
+    """The (IP, port, command line) listeners not on a loopback address, sorted."""
+    return sorted(listener for listener in listeners if not is_loopback(listener[0]))
+
+
 def process_tree(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):

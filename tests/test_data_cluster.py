@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import connect, loopback_cluster, run_own_cluster
-from process_helpers import is_loopback, listeners_of, process_tree
+from process_helpers import beyond_loopback, listeners_of, process_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
@@ -54,8 +54,7 @@ def test_a_preparation_spread_over_two_one_cpu_nodes_ends(tmp_path, stdlib_corpu
     listeners = json.loads(re.search(r"LISTENERS (\[.*\])", out)[1])
     names = " ".join(name for _, _, name in listeners)
     assert names.count("raylet") >= 3 and "gcs_server" in names, listeners  # the sample saw all three nodes
-    exposed = [listener for listener in listeners if not is_loopback(listener[0])]
-    assert not exposed, f"listening beyond loopback: {exposed}"
+    assert not beyond_loopback(listeners), f"listening beyond loopback: {beyond_loopback(listeners)}"
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from process_helpers import is_loopback, listeners_of, process_tree
+from process_helpers import beyond_loopback, is_loopback, listeners_of, process_tree
 from test_tracking import free_port, start_server, stop_server
 
 from albert_dist import jobs_client
@@ -195,8 +195,7 @@ def test_a_local_ray_listens_on_loopback_only(watched_pretraining):
     # the sample saw the whole Ray: its servers and the training workers
     for process in ("gcs_server", "raylet", "dashboard", "RayTrainWorker"):
         assert process in names, (process, sorted(job.listeners))
-    exposed = sorted(listener for listener in job.listeners if not is_loopback(listener[0]))
-    assert not exposed, f"listening beyond loopback: {exposed}"
+    assert not beyond_loopback(job.listeners), f"listening beyond loopback: {beyond_loopback(job.listeners)}"
 
 
 @pytest.mark.slow

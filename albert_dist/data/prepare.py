@@ -91,7 +91,8 @@ def prepare_dataset(
     with _staging(location) as stage, _execution_context(progress_bars):
         tokenizer = _tokenizer(cfg, ranges, stage / "tokenizer", log)
         tally = Tally.create()
-        instances = _instances(cfg, ranges, tokenizer, tally, user_dict)
+        actors = _actor_pool(cfg, len(ranges))
+        instances = _instances(cfg, ranges, tokenizer, tally, user_dict, actors)
         splits = _write_shards(instances, stage, cfg.data.rows_per_shard, cfg.masking.static, log)
         counts = Counter(tally.total())
         counts.update(
@@ -99,7 +100,7 @@ def prepare_dataset(
             eval_instances=splits["eval"]["rows"],
             instances=splits["train"]["rows"] + splits["eval"]["rows"],
         )
-        counts.update(ranges=len(ranges), tokenizer_actors=_actor_pool(cfg, len(ranges))[0])
+        counts.update(ranges=len(ranges), tokenizer_actors=actors[0])
         summary = summarize_counts(counts)
         if not summary["instances"]:
             raise DataError(f"no instances: the corpus ({len(files)} file(s)) holds no document with two tokens")
@@ -158,7 +159,14 @@ def _ranges(cfg: DataJobConfig, files: list[str]) -> list[FileRange]:
     return plan_ranges(files, d.format, d.text_field, range_bytes, num_cpus=_READ_CPUS)
 
 
-def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Tally, user_dict: str | None):
+def _instances(
+    cfg: DataJobConfig,
+    ranges: list[FileRange],
+    tokenizer,
+    tally: Tally,
+    user_dict: str | None,
+    actor_pool: tuple[int, float],
+):
     import ray
 
     d = cfg.data
@@ -174,7 +182,7 @@ def _instances(cfg: DataJobConfig, ranges: list[FileRange], tokenizer, tally: Ta
     )
     collator = MaskingCollator.from_tokenizer(tokenizer, cfg.masking) if cfg.masking.static else None
     documents = read_documents(ranges, d.text_field, tally, num_cpus=_READ_CPUS)
-    actors, cpus_each = _actor_pool(cfg, len(ranges))
+    actors, cpus_each = actor_pool
     # max_restarts=0: the tokenizer makes the actors' arguments big enough to live in the object store, and Ray
     # cannot restart such actors reliably (ray-project/ray#53727; it says so at error level for each one). A lost
     # actor fails the preparation, which is published atomically and runs again whole. Ray Data 2.60 deprecates
