@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.abc
+import importlib.util
 import ipaddress
 import os
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from albert_dist.console import quiet_ray
@@ -121,14 +125,15 @@ def _state_api_on_own_cluster() -> None:
 
 
 def _keep_rendezvous_on_loopback() -> None:
-    """torch's TCPStore, the rendezvous rank 0 of Ray Train serves, listens on
-    every interface whatever the address it is given; where that address is a loopback one, hand it a socket bound
-    to that address instead."""
-    import importlib
+    """torch's TCPStore, the rendezvous rank 0 of Ray Train serves, listens on every interface whatever the address
+    it is given; where that address is a loopback one, hand it a socket bound to that address instead. Patched when
+    a worker imports the rendezvous module: importing torch here would cost every worker (data tasks, actors) ~2 CPU
+    seconds it may never need."""
+    _after_import("torch.distributed.rendezvous", _patch_rendezvous)
 
+
+def _patch_rendezvous(rendezvous) -> None:
     from torch.distributed import TCPStore
-
-    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not its function
 
     create_store = rendezvous._create_c10d_store
 
@@ -148,6 +153,30 @@ def _keep_rendezvous_on_loopback() -> None:
         )
 
     rendezvous._create_c10d_store = create_loopback_store
+
+
+def _after_import(name: str, then: Callable[[ModuleType], None]) -> None:
+    """Call `then(module)` once module `name` has been imported (at once if it already is)."""
+    if name in sys.modules:
+        then(sys.modules[name])
+        return
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            exec_module = spec.loader.exec_module
+
+            def exec_then(module):
+                exec_module(module)
+                then(module)
+
+            spec.loader.exec_module = exec_then
+            return spec
+
+    sys.meta_path.insert(0, Finder())
 
 
 def _host_of(address: str) -> str:
