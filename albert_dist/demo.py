@@ -18,7 +18,9 @@ from __future__ import annotations
 import csv
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
@@ -37,6 +39,10 @@ from albert_dist.config import (
 )
 from albert_dist.job_registry import Command
 from albert_dist.storage import publish_dir, publish_file
+
+if TYPE_CHECKING:
+    from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
+    from albert_dist.tune.config import FinetuneTuneConfig
 
 
 class DemoJobConfig(Section):
@@ -118,57 +124,52 @@ def _publish_pairs(path: Path, rows: list[tuple[str, str, str]]) -> Path:
     return publish_file(path, write)
 
 
-def run_demo(cfg: DemoJobConfig) -> int:
-    from albert_dist.data.prepare import run_prepare
-    from albert_dist.demo_corpus import write_stdlib_corpus
+@dataclass(frozen=True)
+class DemoPlan:
+    """Every stage of a demo, configured before any runs: what `run_demo` does, and all that its keys decide."""
+
+    root: Path
+    corpus: Path
+    corpus_chars: int
+    prepare: DataJobConfig
+    pretrain: PretrainJobConfig
+    task_dir: Path  # the sentence-order task's train.csv and dev.csv
+    task_train_rows: int
+    seed: int  # the task's split and the random init's weights
+    finetune: FinetuneJobConfig
+    random_init: Path
+    finetune_random_init: FinetuneJobConfig
+    distill: DistillJobConfig
+    sweep: FinetuneTuneConfig | None
+
+
+def plan_demo(cfg: DemoJobConfig) -> DemoPlan:
     from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
-    from albert_dist.finetune.distill import DISTILL
-    from albert_dist.finetune.job import FINETUNE
-    from albert_dist.pretrain import PRETRAIN
-    from albert_dist.ray_init import ensure_ray
     from albert_dist.storage import resolve_path
-    from albert_dist.tracking import ui_hint
-    from albert_dist.train.precision import explain_precision
+    from albert_dist.train.checkpointing import PUBLISHED_MODEL
 
     root = resolve_path(cfg.run.output_dir)
-    _start_fresh(root)
-    corpus = write_stdlib_corpus(root / "corpus" / "stdlib_docstrings.txt", cfg.corpus_chars)
-    print(f"[1/6] corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB of standard-library docstrings)")
-    ensure_ray()
-    run = cfg.run.model_copy(update={"output_dir": str(root)})
-    print("[2/6] preparing the corpus with Ray Data")
-    run_prepare(
-        DataJobConfig.model_validate(
-            {
-                "run": {"output_dir": str(root)},
-                "data": {**cfg.data.model_dump(), "inputs": [str(corpus)]},
-                "tokenizer": cfg.tokenizer,
-                "masking": cfg.masking,
-            }
-        )
+    corpus = root / "corpus" / "stdlib_docstrings.txt"
+    task_dir = root / "corpus" / "sentence_order"
+    prepare = DataJobConfig.model_validate(
+        {
+            "run": {"output_dir": str(root)},
+            "data": {**cfg.data.model_dump(), "inputs": [str(corpus)]},
+            "tokenizer": cfg.tokenizer,
+            # without static masks the masking options are pretraining's alone
+            "masking": cfg.masking.model_dump() if cfg.masking.static else {},
+        }
     )
-
-    print("[3/6] pretraining")
-    pre = PRETRAIN.run(
-        PretrainJobConfig.model_validate(
-            {
-                "run": run.model_dump(),
-                "model": cfg.model,
-                "data": {"output": cfg.data.output},
-                "masking": cfg.masking.model_dump(exclude={"static"}),
-                "scaling": cfg.scaling.model_dump(),
-                "train": cfg.train.model_dump(),
-                "tracking": cfg.tracking,
-            }
-        )
-    )
-
-    print(
-        "[4/6] fine-tuning on a task built from the corpus: are two consecutive sentences of a docstring in their "
-        "order or swapped?"
-    )
-    train_file, dev_file = write_sentence_order_task(
-        corpus, root / "corpus" / "sentence_order", train_rows=cfg.task_train_rows, seed=cfg.run.seed
+    pretrain = PretrainJobConfig.model_validate(
+        {
+            "run": {**cfg.run.model_dump(), "output_dir": str(root)},
+            "model": cfg.model,
+            "data": {"output": cfg.data.output},
+            "masking": cfg.masking.model_dump(exclude={"static"}),
+            "scaling": cfg.scaling.model_dump(),
+            "train": cfg.train.model_dump(),
+            "tracking": cfg.tracking,
+        }
     )
     # 1e-3 for both arms: the pretrained model gains more from it than from 3e-4 (+6 against +4 points in one run)
     ft_train = {
@@ -181,46 +182,94 @@ def run_demo(cfg: DemoJobConfig) -> int:
         "checkpoint_every": cfg.finetune_steps,
     }
     shared = {
-        "data": {"train": str(train_file), "dev": str(dev_file), "text_pair_column": "text_pair", "max_seq_length": 64},
+        "data": {
+            "train": str(task_dir / "train.csv"),
+            "dev": str(task_dir / "dev.csv"),
+            "text_pair_column": "text_pair",
+            "max_seq_length": 64,
+        },
         "scaling": cfg.scaling.model_dump(),
         "tracking": cfg.tracking.model_dump(),
+        "finetune": {"epochs": None},
+        "train": ft_train,
     }
-    ft_cfg = FinetuneJobConfig.model_validate(
-        {
-            **shared,
-            "run": {"name": "demo-finetune", "output_dir": str(root), "seed": cfg.run.seed},
-            "model": {"init_from": str(pre.model_dir)},
-            "finetune": {"epochs": None},
-            "train": ft_train,
-        }
-    )
-    ft = FINETUNE.run(ft_cfg)
-    print("[4/6] the same fine-tuning from a random init of the same shape (what pretraining buys is the difference)")
-    random_init = random_init_like(pre.model_dir, root, cfg.run.seed)
-    scratch = FINETUNE.run(
-        ft_cfg.model_copy(
-            update={
-                "run": ft_cfg.run.model_copy(update={"name": "demo-finetune-random-init"}),
-                "model": ft_cfg.model.model_copy(update={"init_from": str(random_init)}),
-            }
-        )
-    )
 
-    print(f"[5/6] distilling into a {cfg.student_layers}-layer student")
-    ds = DISTILL.run(
-        DistillJobConfig.model_validate(
+    def finetune(name: str, model: Path) -> FinetuneJobConfig:
+        return FinetuneJobConfig.model_validate(
             {
                 **shared,
-                "run": {"name": "demo-distill", "output_dir": str(root), "seed": cfg.run.seed},
-                "distill": {"teacher": str(ft.model_dir), "speed_repeats": 5},
-                "student": {"num_hidden_layers": cfg.student_layers},
-                "finetune": {"epochs": None},
-                "train": {**ft_train, "learning_rate": 1e-3},
+                "run": {"name": name, "output_dir": str(root), "seed": cfg.run.seed},
+                "model": {"init_from": str(model)},
             }
         )
+
+    ft = finetune("demo-finetune", pretrain.run.locate(PUBLISHED_MODEL))
+    random_init = root / "random-init" / "model"
+    distill = DistillJobConfig.model_validate(
+        {
+            **shared,
+            "run": {"name": "demo-distill", "output_dir": str(root), "seed": cfg.run.seed},
+            "distill": {"teacher": str(ft.run.locate(PUBLISHED_MODEL)), "speed_repeats": 5},
+            "student": {"num_hidden_layers": cfg.student_layers},
+        }
+    )
+    return DemoPlan(
+        root=root,
+        corpus=corpus,
+        corpus_chars=cfg.corpus_chars,
+        prepare=prepare,
+        pretrain=pretrain,
+        task_dir=task_dir,
+        task_train_rows=cfg.task_train_rows,
+        seed=cfg.run.seed,
+        finetune=ft,
+        random_init=random_init,
+        finetune_random_init=finetune("demo-finetune-random-init", random_init),
+        distill=distill,
+        sweep=_sweep_config(cfg, ft, root) if cfg.sweep_trials else None,
     )
 
-    sweep_table = _sweep(cfg, ft_cfg, root) if cfg.sweep_trials else None
+
+def run_demo(cfg: DemoJobConfig) -> int:
+    from albert_dist.data.prepare import run_prepare
+    from albert_dist.demo_corpus import write_stdlib_corpus
+    from albert_dist.finetune.distill import DISTILL
+    from albert_dist.finetune.job import FINETUNE
+    from albert_dist.pretrain import PRETRAIN
+    from albert_dist.ray_init import ensure_ray
+    from albert_dist.tracking import ui_hint
+    from albert_dist.train.precision import explain_precision
+    from albert_dist.tune.report import table
+    from albert_dist.tune.sweep import run_sweep
+
+    plan = plan_demo(cfg)
+    _start_fresh(plan.root)
+    corpus = write_stdlib_corpus(plan.corpus, plan.corpus_chars)
+    print(f"[1/6] corpus: {corpus} ({corpus.stat().st_size / 1e6:.1f} MB of standard-library docstrings)")
+    ensure_ray()
+    print("[2/6] preparing the corpus with Ray Data")
+    run_prepare(plan.prepare)
+
+    print("[3/6] pretraining")
+    pre = PRETRAIN.run(plan.pretrain)
+
+    print(
+        "[4/6] fine-tuning on a task built from the corpus: are two consecutive sentences of a docstring in their "
+        "order or swapped?"
+    )
+    write_sentence_order_task(corpus, plan.task_dir, train_rows=plan.task_train_rows, seed=plan.seed)
+    ft = FINETUNE.run(plan.finetune)
+    print("[4/6] the same fine-tuning from a random init of the same shape (what pretraining buys is the difference)")
+    random_init_like(pre.model_dir, plan.random_init, plan.seed)
+    scratch = FINETUNE.run(plan.finetune_random_init)
+
+    print(f"[5/6] distilling into a {cfg.student_layers}-layer student")
+    ds = DISTILL.run(plan.distill)
+
+    sweep_table = None
+    if plan.sweep:
+        print(f"[6/6] a {plan.sweep.num_samples}-trial fine-tuning sweep with Ray Tune")
+        sweep_table = table(run_sweep(plan.sweep).rows)
     _summary(pre, ft, scratch, ds, sweep_table, ui_hint(pre.tracking_uri))
     print(f"precision: {explain_precision(cfg.train.precision, cfg.scaling.use_gpu)}")
     return 0
@@ -237,8 +286,9 @@ def _start_fresh(root: Path) -> None:
     print(f"{root} held an earlier demo: moved to {previous}; this run starts fresh")
 
 
-def random_init_like(pretrained: Path, root: Path, seed: int) -> Path:
-    """An untrained model of the pretrained one's shape, with its tokenizer: the fine-tuning baseline."""
+def random_init_like(pretrained: Path, target: Path, seed: int) -> Path:
+    """An untrained model of the pretrained one's shape, with its tokenizer, in `target`: the fine-tuning
+    baseline."""
     import torch
 
     from albert_dist.model import AlbertConfig, AlbertForPreTraining
@@ -246,7 +296,6 @@ def random_init_like(pretrained: Path, root: Path, seed: int) -> Path:
 
     torch.manual_seed(seed)
     model = AlbertForPreTraining(AlbertConfig.from_json_file(pretrained / "config.json"))
-    target = root / "random-init" / "model"
 
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
@@ -255,13 +304,10 @@ def random_init_like(pretrained: Path, root: Path, seed: int) -> Path:
     return publish_dir(target, write)
 
 
-def _sweep(cfg: DemoJobConfig, ft_cfg, root: Path) -> str:
+def _sweep_config(cfg: DemoJobConfig, ft_cfg, root: Path):
     from albert_dist.tune.config import FinetuneTuneConfig
-    from albert_dist.tune.report import table
-    from albert_dist.tune.sweep import run_sweep
 
-    print(f"[6/6] a {cfg.sweep_trials}-trial fine-tuning sweep with Ray Tune")
-    tune_cfg = FinetuneTuneConfig.model_validate(
+    return FinetuneTuneConfig.model_validate(
         {
             "job": ft_cfg.model_dump(),
             "run": {"name": "demo-sweep", "output_dir": str(root / "sweeps"), "seed": cfg.run.seed},
@@ -274,7 +320,6 @@ def _sweep(cfg: DemoJobConfig, ft_cfg, root: Path) -> str:
             "resources_per_trial": {"num_workers": 1, "cpu": 1.0},
         }
     )
-    return table(run_sweep(tune_cfg).rows)
 
 
 def _summary(pre, ft, scratch, ds, sweep_table: str | None, ui: str) -> None:

@@ -68,7 +68,7 @@ def main() -> None:
     from albert_dist.demo import random_init_like
     from albert_dist.finetune.job import finetune
 
-    random_init = random_init_like(args.pretrained, args.out_dir, seed=0)
+    random_init = random_init_like(args.pretrained, args.out_dir / "random-init" / "model", seed=0)
     arms = {"pretrained": args.pretrained, "random init": random_init}
     accuracy: dict[str, list[float]] = {arm: [] for arm in arms}
     for seed in range(args.seeds):

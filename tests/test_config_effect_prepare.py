@@ -19,15 +19,13 @@ class Preparation:
     """`data prepare` run for real, resolved into what it wrote as pretraining reads it (the shards' bytes, the
     tokenizer, the counts, the held-out masks' settings, where) and how it ran (ranges, tokenizer actors)."""
 
-    TIMINGS = ("seconds", "tokens_per_second", "instances_per_second")
-
     def __init__(self, cfg: DataJobConfig):
         self.cfg = cfg
 
     def resolved(self) -> dict[str, Any]:
         from albert_dist.data.loading import load_prepared
         from albert_dist.data.masking import MaskingCollator
-        from albert_dist.data.prepare import output_location, prepare_dataset
+        from albert_dist.data.prepare import TIMINGS, output_location, prepare_dataset
 
         summary = prepare_dataset(self.cfg, log=lambda _: None)
         location = output_location(self.cfg)
@@ -37,7 +35,7 @@ class Preparation:
             "location": location,
             "splits": manifest["splits"],
             "tokenizer": manifest["tokenizer"],
-            "summary": {k: v for k, v in summary.items() if k not in self.TIMINGS},
+            "summary": {k: v for k, v in summary.items() if k not in TIMINGS},
             "heldout_masks": {k: v.tolist() if hasattr(v, "tolist") else v for k, v in masks.items()},
         }
 

@@ -56,6 +56,8 @@ FORMAT_VERSION = 2  # 2: text reaches the tokenizer unnormalized (format 1 appli
 _DOCS_PER_BATCH = 64
 _READ_CPUS = 0.25  # reading is light; leave the CPUs to the tokenizer actors
 _ROW_GROUP_ROWS = 8192
+#: the summary's figures of how fast it ran, which differ between two preparations of the same corpus
+TIMINGS = ("seconds", "tokens_per_second", "instances_per_second")
 
 
 def output_location(cfg: DataJobConfig | PretrainJobConfig, output: str | None = None) -> str:
@@ -453,7 +455,7 @@ def _execution_context(progress_bars: bool):
 
 
 #: the summary's headline figures, as `format_summary` words them; its other counters are printed when not zero
-_HEADLINE = (*THROUGHPUT_COUNTS, "seconds", "tokens_per_second", "instances_per_second")
+_HEADLINE = (*THROUGHPUT_COUNTS, *TIMINGS)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

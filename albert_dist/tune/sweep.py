@@ -8,6 +8,7 @@ and errored ones (each resuming its Ray Train run from its last checkpoint) and 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,53 +37,86 @@ class SweepOutcome:
     parent_run_id: str
 
 
-def _tuner(cfg: TuneJobConfig, trainable, uri: str):
+@dataclass(frozen=True)
+class SweepPlan:
+    """All that a sweep's keys decide, before Ray or MLflow starts: what every trial runs, the search space, how
+    Tune searches and schedules."""
+
+    trial: TrialSetup  # its tracking_uri and parent_run_id are the parent run's, once it has started
+    name: str
+    distributions: dict[str, space.Distribution]
+    mode: str
+    num_samples: int
+    max_concurrent_trials: int
+    search_alg: str
+    seed: int
+    asha: dict[str, Any] | None  # ASHAScheduler's settings; None stops no trial early
+
+
+def plan_sweep(cfg: TuneJobConfig) -> SweepPlan:
+    s = cfg.scheduler
+    asha = None
+    if s.kind == "asha":
+        asha = {"grace_period": s.grace_period, "reduction_factor": s.reduction_factor, "max_t": s.max_t}
+    trial = TrialSetup(
+        job=cfg.job,
+        kind=cfg.kind,
+        sweep_dir=cfg.sweep_dir,
+        tracking_uri="",
+        parent_run_id="",
+        metric=cfg.tune_metric,
+        scaling=cfg.resources_per_trial.scaling_overrides(),
+    )
+    return SweepPlan(
+        trial=trial,
+        name=cfg.run.name,
+        distributions=cfg.distributions,
+        mode=cfg.tune_mode,
+        num_samples=cfg.num_samples,
+        max_concurrent_trials=cfg.max_concurrent_trials,
+        search_alg=cfg.search_alg,
+        seed=cfg.run.seed,
+        asha=asha,
+    )
+
+
+def _tuner(plan: SweepPlan, trainable, uri: str):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
     from ray.tune.search.optuna import OptunaSearch
 
-    sweep_dir = cfg.sweep_dir
+    sweep_dir, metric = plan.trial.sweep_dir, plan.trial.metric
     if tune.Tuner.can_restore(str(sweep_dir)):
         print(f"resuming the sweep in {sweep_dir}")
         return tune.Tuner.restore(str(sweep_dir), trainable, resume_errored=True)
-    s = cfg.scheduler
-    scheduler = (
-        ASHAScheduler(
-            time_attr="training_iteration",
-            grace_period=s.grace_period,
-            reduction_factor=s.reduction_factor,
-            max_t=s.max_t,
-        )
-        if s.kind == "asha"
-        else None
-    )
+    scheduler = ASHAScheduler(time_attr="training_iteration", **plan.asha) if plan.asha else None
     # Tune applies max_concurrent_trials to a Searcher (Optuna) itself, not to a BasicVariantGenerator instance.
-    if cfg.search_alg == "optuna":
+    if plan.search_alg == "optuna":
         quiet_optuna()
     search = (
-        OptunaSearch(seed=cfg.run.seed)
-        if cfg.search_alg == "optuna"
-        else BasicVariantGenerator(max_concurrent=cfg.max_concurrent_trials, random_state=cfg.run.seed)
+        OptunaSearch(seed=plan.seed)
+        if plan.search_alg == "optuna"
+        else BasicVariantGenerator(max_concurrent=plan.max_concurrent_trials, random_state=plan.seed)
     )
     return tune.Tuner(
         trainable,
-        param_space={name: dist.to_tune() for name, dist in cfg.distributions.items()},
+        param_space={name: dist.to_tune() for name, dist in plan.distributions.items()},
         tune_config=tune.TuneConfig(
-            metric=cfg.tune_metric,
-            mode=cfg.tune_mode,
+            metric=metric,
+            mode=plan.mode,
             search_alg=search,
             scheduler=scheduler,
-            num_samples=cfg.num_samples,
-            max_concurrent_trials=cfg.max_concurrent_trials,
+            num_samples=plan.num_samples,
+            max_concurrent_trials=plan.max_concurrent_trials,
         ),
         run_config=tune.RunConfig(
-            name=cfg.run.name,
+            name=plan.name,
             storage_path=str(sweep_dir.parent),
             verbose=tune_verbosity(),  # Tune's live tables (a hundred lines a sweep) with --verbose only
             callbacks=[
-                mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir), cfg.tune_metric, cfg.tune_mode),
-                report.TrialProgress(cfg.tune_metric, cfg.tune_mode, list(cfg.distributions), cfg.num_samples),
+                mlflow_runs.ChildCloser(uri, report.trials_dir(sweep_dir), metric, plan.mode),
+                report.TrialProgress(metric, plan.mode, list(plan.distributions), plan.num_samples),
             ],
         ),
     )
@@ -93,21 +127,14 @@ def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
 
     from albert_dist.ray_init import ensure_ray
 
+    plan = plan_sweep(cfg)
     ensure_ray()
     with mlflow_runs.parent_run(cfg) as parent:
-        setup = TrialSetup(
-            job=cfg.job,
-            kind=cfg.kind,
-            sweep_dir=cfg.sweep_dir,
-            tracking_uri=parent.uri,
-            parent_run_id=parent.run_id,
-            metric=cfg.tune_metric,
-            scaling=cfg.resources_per_trial.scaling_overrides(),
-        )
+        setup = dataclasses.replace(plan.trial, tracking_uri=parent.uri, parent_run_id=parent.run_id)
         # The trial function only waits on its TorchTrainer, whose workers hold the trial's CPUs/GPUs (Tune
         # refuses a trial of no resources at all, hence a token share of one CPU).
         trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": 0.01})
-        results = _tuner(cfg, trainable, parent.uri).fit()
+        results = _tuner(plan, trainable, parent.uri).fit()
         return publish(cfg, results, parent)
 
 
