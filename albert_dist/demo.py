@@ -50,8 +50,10 @@ class DemoJobConfig(Section):
     corpus_chars: int = Field(600_000, gt=10_000, description="How much docstring text to extract.")
     tokenizer: TokenizerSection = Field(default_factory=lambda: TokenizerSection(vocab_size=3000))
     data: PreparationSection = Field(
+        # five cuts of each document into sentence pairs: with one, 1,200 steps see every pair ~8 times and SOP
+        # learned the training pairs by heart (0.95 on them, 0.58 held out, in one seed of three)
         default_factory=lambda: PreparationSection(
-            format="blocks", max_seq_length=64, output="data/prepared", eval_fraction=0.15
+            format="blocks", max_seq_length=64, output="data/prepared", eval_fraction=0.15, dupe_factor=5
         )
     )
     masking: PrepareMaskingSection = Field(default_factory=PrepareMaskingSection)
@@ -70,7 +72,7 @@ class DemoJobConfig(Section):
             log_every=100,
             eval_every=300,
             checkpoint_every=600,
-            eval_batches=32,  # all ~400 held-out pairs: SOP within ±2.5 points (one standard error)
+            eval_batches=32,  # 512 of the ~2,000 held-out pairs (five cuts of ~260 documents): SOP within ±2.2 points
             plateau_warning_after=0.5,
         )
     )

@@ -89,26 +89,23 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
         assert (root / model / "config.json").is_file() and (root / model / "model.safetensors").is_file()
     summary = log[log.index("=== albert-dist demo: results ===") :]
     # every stage learned: above what a model that learned nothing scores (not fixed numbers). Pretraining's SOP
-    # scored 0.539-0.718 on 128-142 held-out pairs (standard error ~4.4 points), 0.581-0.708 on the ~400 the demo
-    # holds out (~2.4 points): the bar is 2 standard errors above chance. Held-out MLM (every masked position shown
-    # as [MASK], the baseline on the same positions) ended +1.9 to +2.4 points above its unigram baseline in the
-    # three 1,200-step runs recorded (bf16 seeds 0 and 1, fp32 seed 0; benchmarks/README.md, "The demo"), +0.9 to +1.1
-    # at 600: the bar is one point, half the smallest margin
+    # scored 0.688-0.754 on 512 held-out pairs (standard error ~2.2 points) with five cuts of each document, 0.581 once
+    # with one: the bar is 2 standard errors above chance. Held-out MLM (every masked position shown as [MASK], the
+    # baseline on the same positions) ended +1.2 to +2.3 points above its unigram baseline in the three 1,200-step
+    # runs of five cuts recorded (seeds 0-2; benchmarks/README.md, "The demo"): the bar is half the smallest margin
     mlm, unigram, sop = map(
         float,
         re.search(r"eval MLM accuracy (\S+) \(unigram baseline (\S+)\).*eval SOP accuracy (\S+)", summary).groups(),
     )
-    assert sop > 0.5 + 0.05 and 0 < unigram < 0.2 and unigram + 0.01 < mlm < 1, summary
-    # pretraining pays on the task: +2.6 to +10.8 points over the random init with the same budget in every
-    # 600-step run and fine-tuning pair recorded; at 1,200 steps +11.5 and +12.3 (seed 0, bf16 and fp32) and +2.2
-    # (seed 1, whose pretraining ended at SOP 0.581). The random init itself scored 0.601-0.620 on the balanced
-    # 1,000-row dev set (chance 0.5). One accuracy on 1,000 rows moves by ~1.6 points (its standard error at 0.5)
-    # from the split alone, so the difference of two moves by ~2.2: asserted is that the pretrained model is ahead,
-    # not by how much (a 3-point bar fails seed 1)
+    assert sop > 0.5 + 0.05 and 0 < unigram < 0.2 and unigram + 0.006 < mlm < 1, summary
+    # pretraining pays on the task, by more than the split's noise: one accuracy on 1,000 rows moves by ~1.6 points
+    # (its standard error at 0.5), the difference of two by ~2.2. With five cuts of each document
+    # (data.dupe_factor 5) the recorded gains are +11.5 to +13.3 points (seeds 0-2, benchmarks/README.md, "The
+    # demo"); with one cut seed 1 learned SOP by heart and gained 2.2. The random init scored 0.601-0.620 (chance 0.5)
     pretrained, random_init = map(
         float, re.search(r"dev accuracy (\S+) from the pretrained model, (\S+) from a random init", summary).groups()
     )
-    assert pretrained > random_init and random_init > 0.5 + 0.05, summary
+    assert pretrained >= random_init + 0.03 and random_init > 0.5 + 0.05, summary
     _, student = map(float, re.search(r"dev accuracy\s+(0\.\d+)\s+(0\.\d+)", summary).groups())
     # the one-layer student learned the task: it kept 87.8-101.1 % of its teacher in the recorded runs (0.599 the
     # lowest, about the random init's accuracy), so the bar is chance + 5 points, not the random init
