@@ -215,6 +215,18 @@ def test_a_worker_finds_its_own_ray_beside_another(watched_pretraining, ray_sess
     assert watched_pretraining.state_api_from_session_worker == ray_session.get_runtime_context().get_node_id()
 
 
+def test_the_rendezvous_patch_waits_for_torch():
+    """A local Ray's worker setup keeps the training rendezvous on loopback without importing torch itself (a data
+    task or an actor would pay ~2 CPU seconds for it); the patch lands when torch.distributed is imported."""
+    probe = (
+        "import sys; from albert_dist import ray_init; ray_init._keep_rendezvous_on_loopback(); "
+        "print('torch' in sys.modules); import torch.distributed; "
+        "print(sys.modules['torch.distributed.rendezvous']._create_c10d_store.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "create_loopback_store"], out.stdout + out.stderr
+
+
 def test_socket_table_parsing_sees_a_wildcard_listener():
     """The check above could pass by missing listeners: a socket bound to all interfaces is reported as such."""
     import socket
