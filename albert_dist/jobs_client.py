@@ -138,7 +138,12 @@ def runtime_env(output_root: str, working_dir: Path, env: os._Environ | dict[str
         k: redact_url(v, mask="") for k, v in env.items() if k.startswith("MLFLOW_TRACKING_") and not _is_credential(k)
     }
     forwarded |= {"ALBERT_DIST_HOME": output_root, "PYTHONUNBUFFERED": "1", **WORKER_ENV}
-    return {"working_dir": str(working_dir), "env_vars": forwarded}
+    # the job's training rendezvous listens on its node's address, not on every interface
+    return {
+        "working_dir": str(working_dir),
+        "env_vars": forwarded,
+        "worker_process_setup_hook": "albert_dist.ray_init.keep_rendezvous_on_its_address",
+    }
 
 
 def _is_credential(name: str) -> bool:

@@ -111,7 +111,7 @@ def _local_train_settings() -> dict[str, str]:
 def prepare_local_worker() -> None:
     """Worker setup hook of a local Ray."""
     _state_api_on_own_cluster()
-    _keep_rendezvous_on_loopback()
+    keep_rendezvous_on_its_address()
 
 
 def _state_api_on_own_cluster() -> None:
@@ -124,11 +124,12 @@ def _state_api_on_own_cluster() -> None:
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
-def _keep_rendezvous_on_loopback() -> None:
+def keep_rendezvous_on_its_address() -> None:
     """torch's TCPStore, the rendezvous rank 0 of Ray Train serves, listens on every interface whatever the address
-    it is given; where that address is a loopback one, hand it a socket bound to that address instead. Patched when
-    a worker imports the rendezvous module: importing torch here would cost every worker (data tasks, actors) ~2 CPU
-    seconds it may never need."""
+    it is given: hand it a socket bound to that address instead (the node's own IP on a cluster, 127.0.0.1 on one
+    machine). The worker setup hook of a local Ray and of every job `albert-dist submit` sends. Patched when a worker
+    imports the rendezvous module: importing torch here would cost every worker (data tasks, actors) ~2 CPU seconds
+    it may never need."""
     _after_import("torch.distributed.rendezvous", _patch_rendezvous)
 
 
@@ -137,8 +138,8 @@ def _patch_rendezvous(rendezvous) -> None:
 
     create_store = rendezvous._create_c10d_store
 
-    def create_loopback_store(hostname, port, rank, world_size, timeout, use_libuv=True):
-        if rank != 0 or not _is_loopback(hostname):
+    def create_bound_store(hostname, port, rank, world_size, timeout, use_libuv=True):
+        if rank != 0 or not _is_ip(hostname):
             return create_store(hostname, port, rank, world_size, timeout, use_libuv)
         listener = socket.create_server((hostname, port), family=socket.AF_INET6 if ":" in hostname else socket.AF_INET)
         return TCPStore(
@@ -152,7 +153,7 @@ def _patch_rendezvous(rendezvous) -> None:
             use_libuv=use_libuv,
         )
 
-    rendezvous._create_c10d_store = create_loopback_store
+    rendezvous._create_c10d_store = create_bound_store
 
 
 def _after_import(name: str, then: Callable[[ModuleType], None]) -> None:
@@ -182,6 +183,14 @@ def _after_import(name: str, then: Callable[[ModuleType], None]) -> None:
 def _host_of(address: str) -> str:
     """The host of a Ray address: "HOST:PORT", "[IPv6]:PORT", "ray://HOST:PORT" or a bare host."""
     return urllib.parse.urlsplit("//" + address.split("://", 1)[-1]).hostname or ""
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_loopback(host: str) -> bool:

@@ -27,7 +27,7 @@ from checkpoint_helpers import assert_mid_run, verifying_steps
 from cluster_helpers import prepare_args, pretrain_args, sets
 from finetune_helpers import single_rows, write_csv
 from mlflow.exceptions import MlflowException
-from process_helpers import train_workers_of, wait_until_gone
+from process_helpers import beyond_loopback, listeners_of, train_workers_of, wait_until_gone
 
 from albert_dist.jobs_client import auth_headers
 
@@ -119,6 +119,14 @@ def test_listeners_are_loopback_only(cluster):
         assert host != "*" and ipaddress.ip_address(host).is_loopback, f"listening on {local}"
 
 
+def test_a_training_job_listens_on_loopback_only(stopped_and_resubmitted):
+    """The submitted job's training workers, sampled mid-run: the rendezvous of its two workers too (torch's store
+    listens on every interface unless handed a socket; the job's worker setup hook hands it one)."""
+    listening = stopped_and_resubmitted["listening_while_training"]
+    assert [name for _, _, name in listening if "RayTrainWo" in name], sorted(listening)
+    assert not beyond_loopback(listening), f"listening beyond loopback: {beyond_loopback(listening)}"
+
+
 def test_without_credentials_nothing_is_served(cluster):
     _, env = cluster
     for url in (
@@ -205,6 +213,7 @@ def stopped_and_resubmitted(cluster, stdlib_corpus):
         time.sleep(1)
     workers = set(train_workers_of(1)) & cluster_pids(state)  # the job's: no other runs on the cluster
     assert len(workers) == 2, workers
+    listening = listeners_of(cluster_pids(state))  # the training rendezvous rank 0 serves among them
     stopped = subprocess.run(
         [*cli, "jobs", "stop", "pretrain-stop"], env=env, capture_output=True, text=True, timeout=120
     )
@@ -220,7 +229,12 @@ def stopped_and_resubmitted(cluster, stdlib_corpus):
     assert not wait_until_gone(workers), "the stopped job's training workers are still running"
     verifying = verifying_steps(outputs / "runs" / "stop-resume")
     out = submit(env, "pretrain", *args, "--name", "pretrain-stop", timeout=900)
-    return {"out": out, "verifying": verifying, "model_dir": outputs / "runs" / "stop-resume" / "model"}
+    return {
+        "out": out,
+        "verifying": verifying,
+        "model_dir": outputs / "runs" / "stop-resume" / "model",
+        "listening_while_training": listening,
+    }
 
 
 def test_stopped_job_resumes_when_submitted_again(cluster, stopped_and_resubmitted):

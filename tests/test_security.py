@@ -219,12 +219,12 @@ def test_the_rendezvous_patch_waits_for_torch():
     """A local Ray's worker setup keeps the training rendezvous on loopback without importing torch itself (a data
     task or an actor would pay ~2 CPU seconds for it); the patch lands when torch.distributed is imported."""
     probe = (
-        "import sys; from albert_dist import ray_init; ray_init._keep_rendezvous_on_loopback(); "
+        "import sys; from albert_dist import ray_init; ray_init.keep_rendezvous_on_its_address(); "
         "print('torch' in sys.modules); import torch.distributed; "
         "print(sys.modules['torch.distributed.rendezvous']._create_c10d_store.__name__)"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["False", "create_loopback_store"], out.stdout + out.stderr
+    assert out.stdout.split() == ["False", "create_bound_store"], out.stdout + out.stderr
 
 
 def test_socket_table_parsing_sees_a_wildcard_listener():
