@@ -22,7 +22,7 @@ from typing import Any
 
 from albert_dist import job_registry
 from albert_dist.errors import AlbertDistError
-from albert_dist.ray_init import WORKER_ENV
+from albert_dist.ray_init import CLUSTER_WORKER_HOOK, WORKER_ENV
 from albert_dist.redaction import is_secret_name, redact_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def runtime_env(output_root: str, working_dir: Path, env: os._Environ | dict[str
     return {
         "working_dir": str(working_dir),
         "env_vars": forwarded,
-        "worker_process_setup_hook": "albert_dist.ray_init.keep_rendezvous_on_its_address",
+        "worker_process_setup_hook": CLUSTER_WORKER_HOOK,
     }
 
 

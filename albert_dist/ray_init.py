@@ -83,7 +83,7 @@ def start_local_ray(**init_kwargs: Any):
     runtime_env = {
         **runtime_env,
         "env_vars": {**_local_train_settings(), **runtime_env.get("env_vars", {})},
-        "worker_process_setup_hook": "albert_dist.ray_init.prepare_local_worker",
+        "worker_process_setup_hook": LOCAL_WORKER_HOOK,
     }
     for attempt in range(STARTS):
         try:
@@ -131,6 +131,11 @@ def keep_rendezvous_on_its_address() -> None:
     imports the rendezvous module: importing torch here would cost every worker (data tasks, actors) ~2 CPU seconds
     it may never need."""
     _after_import("torch.distributed.rendezvous", _patch_rendezvous)
+
+
+#: the worker setup hooks, as Ray's runtime env names them: a local Ray's, and every submitted job's
+LOCAL_WORKER_HOOK = f"{__name__}.{prepare_local_worker.__name__}"
+CLUSTER_WORKER_HOOK = f"{__name__}.{keep_rendezvous_on_its_address.__name__}"
 
 
 def _patch_rendezvous(rendezvous) -> None:

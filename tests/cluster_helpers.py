@@ -137,8 +137,9 @@ def connect(cluster) -> None:
     cluster, and the training rendezvous rank 0 serves on loopback (torch's default is every interface)."""
     import ray
 
-    hook = "albert_dist.ray_init.prepare_local_worker"
-    ray.init(address=cluster.address, log_to_driver=True, runtime_env={"worker_process_setup_hook": hook})
+    from albert_dist.ray_init import LOCAL_WORKER_HOOK
+
+    ray.init(address=cluster.address, log_to_driver=True, runtime_env={"worker_process_setup_hook": LOCAL_WORKER_HOOK})
 
 
 def one_worker_node_cluster():

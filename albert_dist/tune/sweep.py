@@ -8,9 +8,8 @@ and errored ones (each resuming its Ray Train run from its last checkpoint) and 
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +129,7 @@ def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
     plan = plan_sweep(cfg)
     ensure_ray()
     with mlflow_runs.parent_run(cfg) as parent:
-        setup = dataclasses.replace(plan.trial, tracking_uri=parent.uri, parent_run_id=parent.run_id)
+        setup = replace(plan.trial, tracking_uri=parent.uri, parent_run_id=parent.run_id)
         # The trial function only waits on its TorchTrainer, whose workers hold the trial's CPUs/GPUs (Tune
         # refuses a trial of no resources at all, hence a token share of one CPU).
         trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), {"CPU": 0.01})
