@@ -6,7 +6,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,6 +79,27 @@ def listeners_of(pids: set[int]) -> set[tuple[str, int, str]]:
         except OSError:
             continue  # the process ended meanwhile
     return held
+
+
+@contextmanager
+def listeners_sampled(pids: Callable[[], set[int]], every: float = 0.5) -> Iterator[set[tuple[str, int, str]]]:
+    """While the block runs, the listeners of the processes `pids()` names, sampled every `every` seconds into the
+    set it yields (a listener can live for part of a run only, as a training rendezvous does)."""
+    listeners: set[tuple[str, int, str]] = set()
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            listeners.update(listeners_of(pids()))
+            done.wait(every)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield listeners
+    finally:
+        done.set()
+        sampler.join(timeout=30)
 
 
 def fault_unavailable(reason: str) -> None:

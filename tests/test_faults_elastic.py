@@ -15,14 +15,13 @@ import json
 import os
 import re
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from cluster_helpers import connect, drain, loopback_cluster, run_own_cluster, train_while
-from process_helpers import beyond_loopback, listeners_of, process_tree
+from process_helpers import beyond_loopback, listeners_sampled, process_tree
 
 from albert_dist.train.loop import TaskSpec
 
@@ -157,24 +156,17 @@ def main(root: Path) -> None:
         max_failures=0,
         resource_wait_attempts=-1,
     )
-    listeners, sampled = set(), threading.Event()
-
-    def sample_listeners() -> None:  # the cluster's processes, the training workers' rendezvous among them
-        while not sampled.is_set():
-            listeners.update(listeners_of(process_tree(os.getpid())))
-            time.sleep(0.5)
-
-    threading.Thread(target=sample_listeners, daemon=True).start()
-    uninterrupted = run_training(
-        name="uninterrupted",
-        storage_path=root / "uninterrupted" / "ray",
-        task=RecordingTask(str(root / "uninterrupted"), paced=False),
-        train=train,
-        scaling=PretrainScalingSection(num_workers=SLOTS, cpus_per_worker=1),
-        seed=0,
-        datasets={"train": rows},
-    )
-    sampled.set()
+    # the cluster's processes, the training workers' rendezvous among them
+    with listeners_sampled(lambda: process_tree(os.getpid())) as listeners:
+        uninterrupted = run_training(
+            name="uninterrupted",
+            storage_path=root / "uninterrupted" / "ray",
+            task=RecordingTask(str(root / "uninterrupted"), paced=False),
+            train=train,
+            scaling=PretrainScalingSection(num_workers=SLOTS, cpus_per_worker=1),
+            seed=0,
+            datasets={"train": rows},
+        )
     print("UNINTERRUPTED " + json.dumps({"loss": uninterrupted.metrics["loss"]}), flush=True)
     print("LISTENERS " + json.dumps(sorted(listeners)), flush=True)
     elastic = root / "elastic"

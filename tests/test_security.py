@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from process_helpers import beyond_loopback, is_loopback, listeners_of, process_tree
+from process_helpers import beyond_loopback, is_loopback, listeners_of, listeners_sampled, process_tree
 from test_tracking import free_port, start_server, stop_server
 
 from albert_dist import jobs_client
@@ -176,12 +175,12 @@ def watch_pretraining(job: WatchedJob) -> WatchedJob:
 
     reader = threading.Thread(target=read_output, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:
-        job.listeners |= listeners_of(process_tree(proc.pid))
-        time.sleep(1)
-    if proc.poll() is None:
-        proc.kill()
+    with listeners_sampled(lambda: process_tree(proc.pid), every=1) as listeners:
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    job.listeners = listeners
     job.returncode = proc.wait()
     reader.join(timeout=30)
     return job
