@@ -12,6 +12,7 @@ import contextlib
 import importlib.abc
 import importlib.util
 import ipaddress
+import json
 import os
 import secrets
 import shutil
@@ -50,7 +51,7 @@ def ensure_ray() -> None:
         # a local Ray of another process (127.0.0.1:PORT) is joined in its single-machine mode: otherwise Ray
         # swaps the loopback address for the machine's own one, where that Ray does not listen
         with _loopback_only() if _is_loopback(_host_of(address)) else contextlib.nullcontext():
-            ray.init(address=address, configure_logging=False)
+            ray.init(address=address, configure_logging=False, runtime_env=_joining_runtime_env())
     else:
         # a local Ray gets its dashboard: Ray Train's placement-group cleaner asks the state API it serves whether
         # the training controller is alive, and logs a warning every second while it cannot
@@ -61,6 +62,18 @@ def ensure_ray() -> None:
             flush=True,
         )
     quiet_ray()  # Ray's own log lines to a file unless --verbose
+
+
+def _joining_runtime_env() -> dict[str, Any]:
+    """The runtime env of a driver that joins a running cluster: its workers' rendezvous on their node's address. A
+    driver that Ray's job manager started has its job's runtime env already, and Ray refuses a field given twice:
+    where the job names a setup hook (`albert-dist submit` names this one), that hook stands."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    job = json.loads(os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR) or "{}")
+    if "worker_process_setup_hook" in (job.get("runtime_env") or {}):
+        return {}
+    return {"worker_process_setup_hook": CLUSTER_WORKER_HOOK}
 
 
 def start_local_ray(**init_kwargs: Any):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from checkpoint_helpers import assert_mid_run, verifying_checkpoints, verifying_steps
-from process_helpers import process_tree, train_workers_of, wait_until_gone
+from process_helpers import beyond_loopback, listeners_sampled, process_tree, train_workers_of, wait_until_gone
 from test_faults_disk import fill, tmpfs
 from test_pretrain import (
     assert_same_weights,
@@ -113,8 +113,12 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
     verifying = verifying_steps(run_dir)
 
     again = _launch(prepared, "killed")
-    out, _ = again.communicate(timeout=600)
+    with listeners_sampled(lambda: process_tree(os.getpid())) as listeners:
+        out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out
+    # a driver that joins a running Ray hands its workers the rendezvous hook: rank 0's store on loopback here
+    assert [name for _, _, name in listeners if "RayTrainWo" in name], sorted(listeners)
+    assert not beyond_loopback(listeners), f"listening beyond loopback: {beyond_loopback(listeners)}"
     assert_mid_run(int(re.search(r"resumed from .* at step (\d+)", out).group(1)), verifying, RESUME_STEPS)
     assert_same_weights(baseline, final_weights(run_dir))
 
