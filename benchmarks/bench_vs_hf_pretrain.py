@@ -64,7 +64,9 @@ def start_ray(attempts: int = 10, pause_s: float = 30.0) -> None:
     for attempt in range(attempts):
         before = {child.pid for child in psutil.Process().children(recursive=True)}
         try:
-            start_local_ray(configure_logging=False, include_dashboard=False)  # fewer processes to start
+            # with its dashboard: Ray Train's placement-group cleaner asks the state API, which the dashboard
+            # serves, every second whether the training controller lives (without it, a warning each time)
+            start_local_ray(configure_logging=False)
             return
         except Exception as err:  # ray raises a bare Exception on a node start-up timeout
             ray.shutdown()

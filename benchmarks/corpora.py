@@ -3,6 +3,8 @@
     apt-get install manpages-zh python3-doc
     python benchmarks/corpora.py zh-manpages /work/corpora/zh_manpages.txt
     python benchmarks/corpora.py en-pydocs /work/corpora/en_pydocs.txt
+    apt-get install linux-doc-6.1
+    python benchmarks/corpora.py en-kerneldocs /work/corpora/en_kerneldocs.txt
 
 Each is written as blank-line separated documents (data prepare's `blocks` format), one paragraph a line:
 - `zh-manpages`: Debian's Simplified Chinese manual pages (`/usr/share/man/zh_CN`), modern technical prose. roff
@@ -12,6 +14,8 @@ Each is written as blank-line separated documents (data prepare's `blocks` forma
 - `en-pydocs`: the reStructuredText sources of Python's documentation (python3-doc), English prose: directives,
   comments, headings and indented blocks (code, directive bodies) are dropped, inline markup is reduced to its
   text.
+- `en-kerneldocs`: the reStructuredText sources of the Linux kernel's documentation (linux-doc-6.1), read as
+  `en-pydocs` is; its `translations/` are left out. About ten times the English of `en-pydocs`.
 (Debian's fortunes-zh `chinese` file, the other Chinese corpus, is rebuilt as benchmarks/README.md shows.)
 
     python benchmarks/corpora.py zh-manpage-sections /work/corpora/zh_sections
@@ -38,6 +42,7 @@ from pathlib import Path
 
 MANPAGES = Path("/usr/share/man/zh_CN")
 PYDOCS = Path("/usr/share/doc/python3-doc/html/_sources")
+KERNELDOCS = Path("/usr/share/doc/linux-doc-6.1/Documentation")
 HAN = re.compile(r"[\u4e00-\u9fff]")
 ROFF_PARAGRAPH = re.compile(r"^\.(PP|P|LP|SH|SS|TP|IP|HP|sp|br)\b")
 ROFF_ESCAPES = re.compile(r"\\f[BIRP]|\\f\(..|\\\(..|\\[-e&|^ ]|\\s[-+]?\d")
@@ -143,21 +148,25 @@ def read_manpage(path: Path) -> str:
 
 def documents(corpus: str) -> Iterator[str]:
     if corpus == "zh-manpages":
+        root, package = MANPAGES, "manpages-zh"
         pages = sorted(MANPAGES.glob("man*/*.gz"))
         texts = (manpage_text(read_manpage(p)) for p in pages)
-    else:
+    elif corpus == "en-pydocs":
+        root, package = PYDOCS, "python3-doc"
         pages = sorted(PYDOCS.rglob("*.rst.txt"))
         texts = (rst_text(p.read_text(encoding="utf-8")) for p in pages)
+    else:
+        root, package = KERNELDOCS, "linux-doc-6.1"
+        pages = sorted(p for p in KERNELDOCS.rglob("*.rst.gz") if "translations" not in p.parts)
+        texts = (rst_text(gzip.open(p).read().decode("utf-8", errors="replace")) for p in pages)
     if not pages:
-        raise SystemExit(
-            f"no pages under {MANPAGES if corpus == 'zh-manpages' else PYDOCS}: apt-get install manpages-zh python3-doc"
-        )
+        raise SystemExit(f"no pages under {root}: apt-get install {package}")
     return (text for text in texts if text)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpus", choices=["zh-manpages", "en-pydocs", "zh-manpage-sections"])
+    parser.add_argument("corpus", choices=["zh-manpages", "en-pydocs", "en-kerneldocs", "zh-manpage-sections"])
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
     if args.corpus == "zh-manpage-sections":

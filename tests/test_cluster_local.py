@@ -27,7 +27,7 @@ from checkpoint_helpers import assert_mid_run, verifying_steps
 from cluster_helpers import prepare_args, pretrain_args, sets
 from finetune_helpers import single_rows, write_csv
 from mlflow.exceptions import MlflowException
-from process_helpers import beyond_loopback, listeners_of, train_workers_of, wait_until_gone
+from process_helpers import beyond_loopback, listeners_of, listeners_sampled, train_workers_of, wait_until_gone
 
 from albert_dist.jobs_client import auth_headers
 
@@ -120,8 +120,9 @@ def test_listeners_are_loopback_only(cluster):
 
 
 def test_a_training_job_listens_on_loopback_only(stopped_and_resubmitted):
-    """The submitted job's training workers, sampled mid-run: the rendezvous of its two workers too (torch's store
-    listens on every interface unless handed a socket; the job's worker setup hook hands it one)."""
+    """The submitted job's training workers, sampled once mid-run and throughout its resubmission: the rendezvous of
+    its two workers too (torch's store listens on every interface unless handed a socket; the job's worker setup
+    hook hands it one)."""
     listening = stopped_and_resubmitted["listening_while_training"]
     assert [name for _, _, name in listening if "RayTrainWo" in name], sorted(listening)
     assert not beyond_loopback(listening), f"listening beyond loopback: {beyond_loopback(listening)}"
@@ -228,12 +229,13 @@ def stopped_and_resubmitted(cluster, stdlib_corpus):
     assert "STOPPED" in status.stdout, status.stdout
     assert not wait_until_gone(workers), "the stopped job's training workers are still running"
     verifying = verifying_steps(outputs / "runs" / "stop-resume")
-    out = submit(env, "pretrain", *args, "--name", "pretrain-stop", timeout=900)
+    with listeners_sampled(lambda: cluster_pids(state)) as listening_when_resubmitted:
+        out = submit(env, "pretrain", *args, "--name", "pretrain-stop", timeout=900)
     return {
         "out": out,
         "verifying": verifying,
         "model_dir": outputs / "runs" / "stop-resume" / "model",
-        "listening_while_training": listening,
+        "listening_while_training": listening | listening_when_resubmitted,
     }
 
 
