@@ -103,7 +103,7 @@ def test_every_demo_key_changes_its_plan(tmp_path):
         "tokenizer.path": Together({"tokenizer.path": str(tmp_path / "tokenizer"), "tokenizer.vocab_size": 8000}),
         "tracking.tracking_uri": "sqlite:///other.db",
         "tracking.register_model": "other-model",
-        "train.phases": [{"steps": 600, "max_seq_length": 32}, {"steps": 600}],
+        "train.phases": [{"steps": 1200, "max_seq_length": 32}, {"steps": 1200}],
     }
     assert keys_without_effect(Demo, cfg, alternatives, {}) == []
 
