@@ -15,7 +15,7 @@ Each is written as blank-line separated documents (data prepare's `blocks` forma
   comments, headings and indented blocks (code, directive bodies) are dropped, inline markup is reduced to its
   text.
 - `en-kerneldocs`: the reStructuredText sources of the Linux kernel's documentation (linux-doc-6.1), read as
-  `en-pydocs` is; its `translations/` are left out. About ten times the English of `en-pydocs`.
+  `en-pydocs` is; its `translations/` are left out. About four times the English of `en-pydocs`.
 (Debian's fortunes-zh `chinese` file, the other Chinese corpus, is rebuilt as benchmarks/README.md shows.)
 
     python benchmarks/corpora.py zh-manpage-sections /work/corpora/zh_sections
