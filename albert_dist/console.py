@@ -3,7 +3,8 @@
 Quiet (the default): of what Ray forwards from its workers, their standard output (our progress lines) is printed
 as usual and their standard error (Ray's and Ray Data's loggers, the core's warnings) is appended to
 `<Ray session>/logs/albert-dist-hidden.log`, whose path is printed once; Ray Data's console handler in this
-process shows errors only (its full log stays in the session's `ray-data.log`). `--verbose` or
+process prints nothing (its full log stays in the session's `ray-data.log`): an execution that fails raises, and
+the command prints that error once, ours as one line. `--verbose` or
 ALBERT_DIST_VERBOSE=1 shows everything, as Ray does by default.
 """
 
@@ -57,7 +58,7 @@ def quiet_ray() -> Path | None:
 
     for handler in logging.getLogger("ray.data").handlers:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.setLevel(logging.ERROR)  # its warnings ("progress bars disabled", …) stay in its file
+            handler.setLevel(logging.CRITICAL)  # its warnings and a failed task's traceback stay in its file
     print(f"Ray's logs: {path} (and the session's {path.parent}); --verbose shows them here")
     return path
 

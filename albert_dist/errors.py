@@ -5,7 +5,22 @@ import errno
 
 
 class AlbertDistError(Exception):
-    """Base of every error caused by the user's input (config, files, data) rather than a bug."""
+    """Base of every error caused by the user's input (config, files, data) rather than a bug.
+
+    Its message is the one it was raised with, also after a trip through a Ray task: Ray Data appends its retry
+    advice to a failed task's exception arguments ("Failed to apply UDF transform after 1/1 attempts … if you
+    believe this to be transient"), which is noise under a message about the user's own input.
+    """
+
+    def __init__(self, message: str = "", *args):
+        super().__init__(message, *args)
+        self.message = str(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return type(self), (self.message,), self.__dict__
 
 
 class ConfigError(AlbertDistError, ValueError):

@@ -102,8 +102,21 @@ def ray_session():
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
+    SESSION_DATA_CONTEXT[:] = [DataContext.get_current().copy()]
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def ordered_ray_data(ray_session):
+    """Ray Data keeps block order, as data preparation and the training workers run it, whatever an earlier test
+    left in the session's DataContext."""
+    from ray.data import DataContext
+
+    options = DataContext.get_current().execution_options
+    saved, options.preserve_order = options.preserve_order, True
+    yield
+    options.preserve_order = saved
 
 
 @pytest.fixture(scope="session")
@@ -115,20 +128,50 @@ def stdlib_corpus(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def release_leftover_placement_groups():
-    """Remove placement groups that earlier tests' trainers left in the session's Ray.
+def session_ray_as_new():
+    """Each test starts on the session's Ray as on a fresh one: the Ray Data settings the session started with,
+    and every CPU free.
 
-    A trial stopped by Tune's scheduler or a worker group torn down by a fault can leave its placement group
-    reserved when Ray Train's placement-group cleaner does not get to it; the CPUs it holds
-    would starve the next test's Ray Data and Ray Train (an ASHA sweep's leftovers starved the killed-sweep test).
-    Nothing of an earlier test runs any more when the next one starts.
+    Earlier tests leave settings in the process's DataContext (training and prediction set their own), which a
+    later test would depend on without saying so; and they can leave CPUs held: a placement group that a trial
+    stopped by Tune's scheduler or a torn-down worker group left reserved (Ray Train's placement-group cleaner
+    does not always get to it), or Ray Data actors of an execution an exception cut short, released when the
+    garbage collector gets to them. A Ray Data read or a Ray Train run that finds no CPU does not fail, it waits:
+    here a test that finds the CPUs still held after a minute fails instead, naming what holds them.
     """
     import ray
 
-    if ray.is_initialized():
-        from ray.util.placement_group import PlacementGroup, remove_placement_group
+    if ray.is_initialized() and SESSION_DATA_CONTEXT:
+        from ray.data import DataContext
 
-        for pg_id, info in ray.util.placement_group_table().items():
-            if info.get("state") == "CREATED":
-                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+        DataContext._set_current(SESSION_DATA_CONTEXT[0].copy())
+        _wait_for_free_cpus(deadline_s=60)
     yield
+
+
+SESSION_DATA_CONTEXT: list = []  # the Ray Data settings ray_session started with
+
+
+def _wait_for_free_cpus(deadline_s: float) -> None:
+    import gc
+    import time
+
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    for pg_id, info in ray.util.placement_group_table().items():
+        if info.get("state") == "CREATED":
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+    gc.collect()  # an execution cut short ends when its iterator is collected
+    total, deadline = ray.cluster_resources().get("CPU", 0.0), time.monotonic() + deadline_s
+    while (free := ray.available_resources().get("CPU", 0.0)) < total - 1e-6:
+        if time.monotonic() > deadline:
+            from ray.util.state import list_actors, list_tasks
+
+            actors = [a.class_name for a in list_actors(filters=[("state", "=", "ALIVE")])]
+            tasks = [t.name for t in list_tasks(filters=[("state", "=", "RUNNING")])]
+            pytest.fail(
+                f"the session's Ray has {free} of {total} CPUs free {deadline_s:.0f} s after the previous test "
+                f"ended; alive actors: {actors}; running tasks: {tasks}"
+            )
+        time.sleep(0.5)

@@ -1,7 +1,9 @@
 """The command line: subcommands exist and document themselves; user errors are one line, not a traceback."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +56,29 @@ def test_config_errors_are_one_line_without_traceback(tmp_path):
         f"albert-dist: error: invalid config ({bad}): train.learning_rate: Input should be greater than 0 (got -1)"
     ]
     assert "Traceback" not in result.stderr
+
+
+def test_bad_data_met_inside_ray_tasks_is_one_line_without_traceback(tmp_path):
+    """A broken JSONL line, met by the Ray Data tasks that sample the tokenizer's sentences (before any instance
+    is built): the command's whole error output is our one line, without Ray's tracebacks or retry advice."""
+    bad = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"text": f"Line {i} opens the document. A second sentence follows it."}) for i in range(300)]
+    lines[250] = '{"text": broken'
+    bad.write_text("\n".join(lines) + "\n")
+    config = Path(__file__).resolve().parent.parent / "jobs" / "configs" / "prepare_data.yaml"
+    sets = [f"data.inputs=[{bad}]", f"run.output_dir={tmp_path / 'out'}", "tokenizer.vocab_size=100"]
+    result = subprocess.run(
+        [sys.executable, "-m", "albert_dist.cli", "data", "prepare", "--config", str(config)]
+        + [arg for item in [*sets, "data.range_bytes=8000"] for arg in ("--set", item)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"albert-dist: error: {bad}:251: not valid JSON (Expecting value at column 10)"
+    ]
+    assert "Traceback" not in result.stdout
 
 
 def test_missing_tokenizer_input_is_named(tmp_path, capsys):

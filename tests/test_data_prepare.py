@@ -132,40 +132,33 @@ def test_ray_train_split_is_disjoint_and_covers(english):
     assert set().union(*split) == set(range(summary["train_instances"]))
 
 
-def test_rank_batches_are_disjoint_equal_and_repeatable(english):
+def test_rank_batches_are_disjoint_equal_and_repeatable(english, ordered_ray_data):
     """The pretraining feed: each rank's slice of the same seeded global batches (what exact resume relies on),
     with the stream position of its first row; without drop_last the partial last batch is split evenly."""
-    from ray.data import DataContext
-
     _, summary, data = english
-    options = DataContext.get_current().execution_options
-    kept, options.preserve_order = options.preserve_order, True  # as the training workers run it
     world, size = 2, 16
-    try:
 
-        def pieces(rank, seed=1, limit=None, drop_last=True):
-            return [
-                (first, b["instance_id"].tolist())
-                for first, b in rank_batches(
-                    data.train,
-                    batch_size=size,
-                    rank=rank,
-                    world_size=world,
-                    seed=seed,
-                    shuffle_buffer=64,
-                    limit=limit,
-                    drop_last=drop_last,
-                )
-            ]
+    def pieces(rank, seed=1, limit=None, drop_last=True):
+        return [
+            (first, b["instance_id"].tolist())
+            for first, b in rank_batches(
+                data.train,
+                batch_size=size,
+                rank=rank,
+                world_size=world,
+                seed=seed,
+                shuffle_buffer=64,
+                limit=limit,
+                drop_last=drop_last,
+            )
+        ]
 
-        def ids(rank, **kwargs):
-            return [batch for _, batch in pieces(rank, **kwargs)]
+    def ids(rank, **kwargs):
+        return [batch for _, batch in pieces(rank, **kwargs)]
 
-        r0, r1 = ids(0), ids(1)
-        assert ids(0) == r0 and ids(0, limit=2) == r0[:2] and ids(0, seed=2) != r0
-        whole = [pieces(rank, drop_last=False) for rank in range(world)]
-    finally:
-        options.preserve_order = kept
+    r0, r1 = ids(0), ids(1)
+    assert ids(0) == r0 and ids(0, limit=2) == r0[:2] and ids(0, seed=2) != r0
+    whole = [pieces(rank, drop_last=False) for rank in range(world)]
     assert len(r0) == len(r1) == summary["train_instances"] // (size * world) > 5
     assert all(len(batch) == size for batch in r0 + r1)
     flat0, flat1 = sum(r0, []), sum(r1, [])

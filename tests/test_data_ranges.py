@@ -105,18 +105,7 @@ def documents_text(n_docs: int, seed: int = 0) -> list[str]:
     ]
 
 
-@pytest.fixture
-def ordered(ray_session):
-    """Ray Data keeps block order, as data preparation runs it."""
-    from ray.data import DataContext
-
-    options = DataContext.get_current().execution_options
-    saved, options.preserve_order = options.preserve_order, True
-    yield
-    options.preserve_order = saved
-
-
-def test_a_big_text_file_is_many_blocks_with_each_document_whole_once(ordered, tmp_path):
+def test_a_big_text_file_is_many_blocks_with_each_document_whole_once(ordered_ray_data, tmp_path):
     docs = documents_text(120)
     long_doc = "A long one that straddles. " * 300  # 8 kB: over two cut sizes
     docs.insert(60, long_doc.strip())
@@ -131,7 +120,7 @@ def test_a_big_text_file_is_many_blocks_with_each_document_whole_once(ordered, t
     assert [d["text"] for d in whole].count(long_doc.strip()) == 1
 
 
-def test_parquet_is_cut_into_row_spans(ordered, tmp_path):
+def test_parquet_is_cut_into_row_spans(ordered_ray_data, tmp_path):
     path = tmp_path / "rows.parquet"
     texts = documents_text(500, seed=1)
     texts[7] = None
@@ -220,5 +209,6 @@ def test_a_broken_jsonl_line_is_named_by_its_line_in_the_file(ray_session, engli
     ranges = plan_ranges([str(bad)], "auto", "text", 8000)
     assert len(ranges) > 5 and max(r.first_line for r in ranges if r.first_line < 251) > 200  # a late range
     cfg = config(tmp_path, [bad], english_tokenizer.save(tmp_path / "tok"), range_bytes=8000)
-    with pytest.raises(DataError, match=r"bad.jsonl:251: not valid JSON"):
+    with pytest.raises(DataError, match=r"bad.jsonl:251: not valid JSON") as raised:
         prepare_dataset(cfg, log=lambda _: None)
+    assert str(raised.value) == f"{bad}:251: not valid JSON (Expecting value at column 10)"  # no Ray layers

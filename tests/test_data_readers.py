@@ -107,7 +107,7 @@ def test_resolve_inputs(tmp_path):
         resolve_inputs([])
 
 
-def test_read_through_ray_counts_and_orders(ray_session, tmp_path):
+def test_read_through_ray_counts_and_orders(ordered_ray_data, tmp_path):
     (tmp_path / "a.txt").write_bytes(b"A one. A two.\n\nA three.\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "B one."}) + "\n")
     ds = read_documents(plan_ranges(resolve_inputs([str(tmp_path)]), "auto", "text", 2**20), "text")

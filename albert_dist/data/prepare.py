@@ -365,11 +365,6 @@ def _write_shards(
             writers["train"].write(columns.filter(pc.invert(is_eval)))
             writers["eval"].write(columns.filter(is_eval))
             progress.update(batch.num_rows)
-    except Exception as err:  # noqa: BLE001 - surface a DataError raised inside a Ray task as itself
-        cause = _user_error(err)
-        if cause is not None:
-            raise cause from None
-        raise
     finally:
         for writer in writers.values():
             writer.close()
@@ -440,8 +435,9 @@ def _staging(location: str):
 
 @contextlib.contextmanager
 def _execution_context(progress_bars: bool):
-    """Ray Data keeps block order (so the output is deterministic), raises a UDF's own exception (so a DataError
-    keeps its type and message) and shows progress bars only when asked."""
+    """Ray Data keeps block order (so the output is deterministic), raises a UDF's own exception, and shows
+    progress bars only when asked. A DataError raised inside a Ray task, in any stage (the tokenizer's sentence
+    sample as well as the instances), leaves as itself: its one-line message, not Ray's layers of tracebacks."""
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
@@ -450,6 +446,11 @@ def _execution_context(progress_bars: bool):
     ctx.enable_progress_bars = progress_bars
     try:
         yield
+    except Exception as err:  # noqa: BLE001 - any stage's task error, unwrapped when it carries ours
+        cause = _user_error(err)
+        if cause is not None and cause is not err:
+            raise cause from None
+        raise
     finally:
         (ctx.execution_options.preserve_order, ctx.raise_original_map_exception, ctx.enable_progress_bars) = saved
 

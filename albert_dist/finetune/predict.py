@@ -110,9 +110,9 @@ def _numpy_columns(table: pa.Table) -> dict[str, np.ndarray]:
 def _predict_with_ray(table: pa.Table, args: tuple, precision: str, num_actors: int, batch_size: int) -> pa.Table:
     import ray.data
 
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True  # output rows in input order
-    dataset = ray.data.from_arrow(table).map_batches(
+    rows = ray.data.from_arrow(table)
+    rows.context.execution_options.preserve_order = True  # output rows in input order
+    dataset = rows.map_batches(
         Predictor,
         fn_constructor_args=args,
         fn_constructor_kwargs={"precision": precision},
