@@ -145,14 +145,14 @@ def session_ray_as_new():
         from ray.data import DataContext
 
         DataContext._set_current(SESSION_DATA_CONTEXT[0].copy())
-        _wait_for_free_cpus(deadline_s=60)
+        _release_held_cpus(deadline_s=60)
     yield
 
 
 SESSION_DATA_CONTEXT: list = []  # the Ray Data settings ray_session started with
 
 
-def _wait_for_free_cpus(deadline_s: float) -> None:
+def _release_held_cpus(deadline_s: float) -> None:
     import gc
     import time
 
