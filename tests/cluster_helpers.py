@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from process_helpers import require_mark
+
 
 def sets(*items: str) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
@@ -116,6 +118,7 @@ def loopback_cluster():
     """A `ray.cluster_utils.Cluster` with a head of no CPU, whose nodes (those added later too) listen on 127.0.0.1
     only: Ray's single-machine mode, the one a local Ray starts in, for this whole process and the nodes it starts,
     and each node's IP the loopback address. Ray's default would be every interface and the machine's address."""
+    require_mark("heavy", "a Ray cluster of its own")
     import os
 
     from ray._private import ray_constants

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import process_helpers
 import pytest
 
 from albert_dist import ray_init
@@ -39,6 +40,9 @@ LONGEST_FIRST = [
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+    for item in items:
+        if item.get_closest_marker("heavy"):
+            item.add_marker("slow")  # what starts a cluster of its own is never part of a quick run
 
 
 def pytest_addoption(parser):
@@ -52,6 +56,30 @@ def pytest_addoption(parser):
 
 
 SKIPPED: list = []  # the reports of skipped tests
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """The running test's marks, for what requires one (`process_helpers.require_mark`) during its set-up, its
+    call and its teardown: its fixtures' servers and clusters, and the Ray Train runs and Tune sweeps it starts."""
+    if process_helpers.RUNNING_TEST_MARKS is None:
+        _require_marks_to_start_ray_train_and_tune()
+    process_helpers.RUNNING_TEST_MARKS = {mark.name for mark in item.iter_markers()}
+    yield
+    process_helpers.RUNNING_TEST_MARKS = set()
+
+
+def _require_marks_to_start_ray_train_and_tune() -> None:
+    from ray import tune
+    from ray.train import torch as train_torch
+
+    for holder, what in ((train_torch.TorchTrainer, "a Ray Train run"), (tune.Tuner, "a Ray Tune sweep")):
+
+        def fit(self, *args, _fit=holder.fit, _what=what, **kwargs):
+            process_helpers.require_mark("slow", _what)
+            return _fit(self, *args, **kwargs)
+
+        holder.fit = fit
 
 
 def pytest_runtest_logreport(report):

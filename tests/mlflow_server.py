@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from process_helpers import require_mark
 
 
 def free_port() -> int:
@@ -24,6 +25,7 @@ def free_port() -> int:
 def start_server(store: Path, port: int, auth_config: Path | None = None) -> subprocess.Popen:
     """Start the server and wait until it answers; its output goes to `store`/server.log, quoted on failure.
     With `auth_config` (MLflow's basic-auth settings), the server is `--app-name basic-auth`."""
+    require_mark("slow", "an MLflow server")
     mlflow = Path(sys.executable).with_name("mlflow")
     store.mkdir(parents=True, exist_ok=True)
     auth = ["--app-name", "basic-auth"] if auth_config else []

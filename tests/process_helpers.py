@@ -102,6 +102,16 @@ def listeners_sampled(pids: Callable[[], set[int]], every: float = 0.5) -> Itera
         sampler.join(timeout=30)
 
 
+RUNNING_TEST_MARKS: set[str] | None = None  # set by conftest in a pytest process: the running test's marks
+
+
+def require_mark(mark: str, what: str) -> None:
+    """Fail the running test unless it carries `mark`, before it starts `what`: `-m "not slow"` is a quick run
+    only if nothing slow hides in it. Outside a pytest process (a script a test runs) nothing is checked."""
+    if RUNNING_TEST_MARKS is not None and mark not in RUNNING_TEST_MARKS:
+        pytest.fail(f"this test starts {what} but is not marked {mark}")
+
+
 def fault_unavailable(reason: str) -> None:
     """A fault the test could not set up (a mount, a network namespace): a failure for root, who can set up any
     (CI runs as root), else a skip that says why."""
