@@ -22,6 +22,9 @@ TRAINER = "trainer"
 REFUSED = 3  # batches of metrics the server refuses before the permission is given back
 
 
+pytestmark = pytest.mark.slow  # both tests talk to a real MLflow server
+
+
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory):
     """The server (only the admin may do anything by default) and a user `trainer` who creates experiments (and
@@ -109,7 +112,6 @@ def test_metrics_refused_for_credentials_are_kept_and_sent_when_access_returns(a
     assert password not in out
 
 
-@pytest.mark.slow
 def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth_server, tmp_path, stdlib_corpus):
     """A real pretraining run (its own local Ray, the trainer's credentials) reaches the server through a proxy:
     once its first metrics are stored, and before the run has the server's answer, the trainer's permission on the

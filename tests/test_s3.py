@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 from finetune_helpers import single_rows, write_csv, write_jsonl
 from mlflow_server import free_port
+from process_helpers import require_mark
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 from albert_dist.errors import ConfigError, DataError
@@ -40,6 +41,7 @@ TINY_MODEL = [
 def s3_env():
     """A moto S3 server on a free loopback port, killed at the end; the AWS_* variables that point pyarrow, boto3
     and the jobs at it (the secret key random, to search the outputs for)."""
+    require_mark("slow", "an S3 server")
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

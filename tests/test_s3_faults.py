@@ -250,6 +250,7 @@ def test_credentials_refused_mid_run_stop_it_with_one_message_and_keep_the_last_
     assert 10 in verified_checkpoints(objects(prepared, "runs/revoked/"), "revoked").values()
 
 
+@pytest.mark.slow
 def test_a_request_is_retried_for_the_budget_then_fails_in_one_line_naming_the_object(s3_env, monkeypatch):
     """The retry budget on the real client: a write refused for a window shorter than the budget is ridden out;
     a store refusing for longer fails once the budget is spent (not before), with one StorageError naming the
