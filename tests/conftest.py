@@ -183,6 +183,7 @@ SESSION_DATA_CONTEXT: list = []  # the Ray Data settings ray_session started wit
 def _release_held_cpus(deadline_s: float) -> None:
     import gc
     import time
+    from unittest import mock
 
     import ray
     from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -196,8 +197,11 @@ def _release_held_cpus(deadline_s: float) -> None:
         if time.monotonic() > deadline:
             from ray.util.state import list_actors, list_tasks
 
-            actors = [a.class_name for a in list_actors(filters=[("state", "=", "ALIVE")])]
-            tasks = [t.name for t in list_tasks(filters=[("state", "=", "RUNNING")])]
+            # the state API takes its Ray from $RAY_ADDRESS over any address it is given; "local" makes it look for
+            # *the* Ray on the machine, which fails where another runs (the other test process's)
+            with mock.patch.dict(os.environ, {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}):
+                actors = [a.class_name for a in list_actors(filters=[("state", "=", "ALIVE")])]
+                tasks = [t.name for t in list_tasks(filters=[("state", "=", "RUNNING")])]
             pytest.fail(
                 f"the session's Ray has {free} of {total} CPUs free {deadline_s:.0f} s after the previous test "
                 f"ended; alive actors: {actors}; running tasks: {tasks}"
