@@ -18,7 +18,9 @@ def test_cpus_held_past_the_deadline_fail_the_next_test_naming_the_actor(ray_ses
     holder = CpuHolder.remote()
     ray.get(holder.ready.remote())
     try:
-        with pytest.raises(pytest.fail.Exception, match=r"has 1\.0 of 2\.0 CPUs free 2 s after .*CpuHolder'\]"):
+        with pytest.raises(
+            pytest.fail.Exception, match=r"has 1\.0 of 2\.0 CPUs free 2 s after .*alive actors: \[.*CpuHolder'"
+        ):
             _release_held_cpus(deadline_s=2)
     finally:
         ray.kill(holder)
