@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cluster_helpers import sets
 
 from albert_dist.cli import build_parser, main
 
@@ -66,15 +67,14 @@ def test_bad_data_met_inside_ray_tasks_is_one_line_without_traceback(tmp_path):
     lines[250] = '{"text": broken'
     bad.write_text("\n".join(lines) + "\n")
     config = Path(__file__).resolve().parent.parent / "jobs" / "configs" / "prepare_data.yaml"
-    sets = [
+    items = [
         f"data.inputs=[{bad}]",
         f"run.output_dir={tmp_path / 'out'}",
         "tokenizer.vocab_size=100",
         "data.range_bytes=8000",
     ]
     result = subprocess.run(
-        [sys.executable, "-m", "albert_dist.cli", "data", "prepare", "--config", str(config)]
-        + [arg for item in sets for arg in ("--set", item)],
+        [sys.executable, "-m", "albert_dist.cli", "data", "prepare", "--config", str(config), *sets(*items)],
         capture_output=True,
         text=True,
         timeout=300,
