@@ -46,12 +46,11 @@ class Phase:
 def open_phases(cfg: PretrainJobConfig, prepared, model_config: AlbertConfig) -> list[Phase]:
     """The prepared data of each of `train.phases` (none without phases), checked against data.output's: the same
     tokenizer (the model's vocabulary), the sequence length the phase names, within the model's positions."""
-    from albert_dist.data.loading import load_prepared
-    from albert_dist.data.prepare import output_location
+    from albert_dist.data.loading import load_prepared, prepared_location
 
     phases = []
     for number, phase in enumerate(cfg.train.phases, 1):
-        location = output_location(cfg, phase.data) if phase.data else prepared.location
+        location = prepared_location(cfg, phase.data) if phase.data else prepared.location
         data = prepared if location == prepared.location else load_prepared(location)
         opened = Phase(data, phase.steps, phase.batch_size or cfg.train.batch_size)
         where = f"train.phases[{number}] ({location})"
@@ -82,18 +81,11 @@ def data_digest(prepared, phases: list[Phase]) -> str:
     return hashlib.sha256(" ".join([prepared.digest(), *(p.prepared.digest() for p in phases)]).encode()).hexdigest()
 
 
-def prepared_dir(cfg: PretrainJobConfig) -> str:
-    """The prepared data's local path or URI (`data.output` under `run.output_dir`)."""
-    from albert_dist.data.prepare import output_location
-
-    return output_location(cfg)
-
-
 def plan(cfg: PretrainJobConfig) -> Plan:
     """Open and verify the prepared data (and the phases'), size the model to it: the run's plan."""
-    from albert_dist.data.loading import load_prepared
+    from albert_dist.data.loading import load_prepared, prepared_location
 
-    data_dir = prepared_dir(cfg)
+    data_dir = prepared_location(cfg)
     prepared = load_prepared(data_dir)
     manifest = prepared.manifest
     model_config = pretraining_model_config(cfg, manifest)
@@ -191,12 +183,12 @@ def lr_range_test(cfg: PretrainJobConfig):
     worker's batches), tracked as its own MLflow run; returns the `RangeTest`."""
     import tempfile
 
-    from albert_dist.data.loading import load_prepared
+    from albert_dist.data.loading import load_prepared, prepared_location
     from albert_dist.ray_init import ensure_ray
     from albert_dist.train.lr_range import run_range_test
 
     ensure_ray()
-    data_dir = prepared_dir(cfg)
+    data_dir = prepared_location(cfg)
     prepared = load_prepared(data_dir)
     s, sweep = cfg.train, cfg.lr_range
     with tracking.job_run(

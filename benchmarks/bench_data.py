@@ -46,7 +46,7 @@ def generate_corpus(directory: Path, megabytes: float, files: int, seed: int) ->
 
 def bench_prepare(paths: list[Path], work: Path, args) -> tuple[dict, Path]:
     from albert_dist.config import DataJobConfig
-    from albert_dist.data import prepare_dataset
+    from albert_dist.data.prepare import prepare_dataset
     from albert_dist.tokenizer import train_sentencepiece
 
     started = time.perf_counter()
@@ -72,7 +72,8 @@ def bench_collation(prepared: Path, args) -> None:
     from transformers import AlbertTokenizer as HFAlbertTokenizer
     from transformers import DataCollatorForLanguageModeling
 
-    from albert_dist.data import batch_rng, load_prepared
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.data.masking import batch_rng
 
     data = load_prepared(prepared)
     rows = data.train.take_batch(args.batch_size * args.batches, batch_format="numpy")

@@ -70,7 +70,7 @@ def prepare(
     corpus: Path, tokenizer: Path, kind: str, segmenter: str | None, actors: int, range_bytes: int | None, work: Path
 ) -> dict:
     from albert_dist.config import DataJobConfig
-    from albert_dist.data import prepare_dataset
+    from albert_dist.data.prepare import prepare_dataset
 
     cfg = DataJobConfig.model_validate(
         {

@@ -85,7 +85,7 @@ def data_config(corpus: Path, work: Path, tokenizer_dir: Path, arm: str, max_seq
 
 def bench_prepare(corpus: Path, work: Path, tokenizer_dir: Path, rounds: int, max_seq_length: int) -> dict:
     """Seconds of the whole Ray Data preparation, best of `rounds`, arms alternating; the last outputs kept."""
-    from albert_dist.data import prepare_dataset
+    from albert_dist.data.prepare import prepare_dataset
 
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for _ in range(rounds):
@@ -135,7 +135,8 @@ def held_out_accuracy(model_dir: Path, data_dir: Path, limit: int, seed: int = 0
     instances of `data_dir`, masked with a fixed seed: the same inputs for every model."""
     import torch
 
-    from albert_dist.data import MaskingCollator, batch_rng, load_prepared
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.data.masking import MaskingCollator, batch_rng
     from albert_dist.model import AlbertForPreTraining
 
     data = load_prepared(data_dir)

@@ -3,22 +3,28 @@ the command line to the first optimizer step and to the saved model, and how oft
 file it had left (a re-entry).
 
 The driver is traced in this process (sys.setprofile); the Ray Train worker (one, `scaling.num_workers=1`) in its
-own process, through a `worker_process_setup_hook` installed with the local Ray. Every call of a function of
-`albert_dist/` counts (module bodies, run at import, do not): the path is the sequence of files whose functions are
-called, as a reader following the calls opens them; calls of other packages are transparent, so a call from
-`pretrain.py` through Ray into `ray_runner.py` reads as pretrain.py → ray_runner.py. The path to the first
-step is the driver's until Ray Train's `fit` starts, then the worker's until the first `optimizer.step`; to the
-saved model, the worker's until its training function returns, then the driver's until the command ends.
+own process, through a `worker_process_setup_hook` installed with the local Ray. Calls of functions of
+`albert_dist/` count (module and class bodies, run at import, do not); calls of other packages are transparent, so
+a call from `pretrain.py` through Ray into `ray_runner.py` reads as pretrain.py → ray_runner.py. The path to the
+first step is the driver's until Ray Train's `fit` starts, then the worker's until the first `optimizer.step`; to
+the saved model, the worker's until its training function returns, then the driver's until the command ends.
+
+Each path is read two ways:
+- every call: the sequence of files whose functions are called, so `A → B → A` when a function of A calls B and
+  then another function of A;
+- calls that leave their file: only calls into a file other than the caller's, as a reader following the calls
+  opens files; returning to the caller, or calling a neighbour in the same file, is staying.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/trace_pretrain_path.py [--show]
 
-prints, for each of the two paths, the number of files, of visits and of re-entries (visits − files), and with
+prints, for each path and reading, the number of files, of visits and of re-entries (visits − files), and with
 --show the files in the order they are visited.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -28,17 +34,32 @@ from pathlib import Path
 PACKAGE = os.sep + "albert_dist" + os.sep
 
 
+CALLED_WITHIN = "="
+
+
+def package_file(frame) -> str | None:
+    """The package file of `frame`'s function, None outside the package and for module and class bodies (they run
+    at import: definitions a reader reads where they stand, not calls to follow)."""
+    name = frame.f_code.co_filename
+    if PACKAGE not in name or not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        return None
+    return name[name.rindex(PACKAGE) + 1 :]
+
+
 def tracer(sink: list[str], stop_on_step: list[bool] | None = None):
-    """A profile function appending the package file execution is in after each call or return to `sink`."""
+    """A profile function appending to `sink` the package file of each call of a package function, marked with
+    `CALLED_WITHIN` where the call came from a function of that same file."""
 
     def profile(frame, event, arg):
         if event != "call":
             return
-        name = frame.f_code.co_filename
-        if PACKAGE in name and frame.f_code.co_name != "<module>":
-            path = name[name.rindex(PACKAGE) + 1 :]
-            if not sink or sink[-1] != path:
-                sink.append(path)
+        path = package_file(frame)
+        if path is not None:
+            caller = frame.f_back
+            while caller is not None and package_file(caller) is None:
+                caller = caller.f_back
+            within = caller is not None and package_file(caller) == path
+            sink.append(CALLED_WITHIN + path if within else path)
         if (
             event == "call"
             and frame.f_code.co_name == "fit"
@@ -102,10 +123,22 @@ def worker_hook(out_dir: str, original: str | None):
     return hook
 
 
+def readings(trace: list[str]) -> dict[str, list[str]]:
+    """The trace read two ways, each a list of files with no file twice in a row: every call, and only the calls
+    that leave their caller's file (a return, and a call to a neighbour in the same file, stay where the reader
+    already is)."""
+    calls = [entry for entry in trace if not entry.startswith("--")]
+    every = [entry.removeprefix(CALLED_WITHIN) for entry in calls]
+    leaving = [entry for entry in calls if not entry.startswith(CALLED_WITHIN)]
+    return {
+        "every call": [p for i, p in enumerate(every) if i == 0 or p != every[i - 1]],
+        "calls that leave their file": [p for i, p in enumerate(leaving) if i == 0 or p != leaving[i - 1]],
+    }
+
+
 def summary(path: list[str]) -> tuple[int, int, int]:
-    files = {p for p in path if not p.startswith("--")}
-    visits = [p for p in path if not p.startswith("--")]
-    return len(files), len(visits), len(visits) - len(files)
+    """(files, visits, re-entries): a re-entry is a visit to a file the path had already visited."""
+    return len(set(path)), len(path), len(path) - len(set(path))
 
 
 def main() -> int:
@@ -197,13 +230,12 @@ def main() -> int:
     fit_at = driver.index("--fit--")  # the driver hands over to the worker there
     first_step = driver[:fit_at] + worker[: worker.index("--first-step--")]
     saved = driver[:fit_at] + worker + driver[fit_at:]
-    for label, path in (("to the first optimizer step", first_step), ("to the saved model", saved)):
-        path = [p for p in path if not p.startswith("--")]
-        path = [p for i, p in enumerate(path) if i == 0 or p != path[i - 1]]
-        files, visits, reentries = summary(path)
-        print(f"{label}: {files} files, {visits} visits, {reentries} re-entries")
-        if args.show:
-            print("  " + " → ".join(p.removeprefix("albert_dist/") for p in path))
+    for label, trace in (("to the first optimizer step", first_step), ("to the saved model", saved)):
+        for reading, path in readings(trace).items():
+            files, visits, reentries = summary(path)
+            print(f"{label}, {reading}: {files} files, {visits} visits, {reentries} re-entries")
+            if args.show:
+                print("  " + " → ".join(p.removeprefix("albert_dist/") for p in path))
     return 0
 
 

@@ -36,7 +36,8 @@ def prepare_config(root: Path, corpus: Path, *extra: str) -> DataJobConfig:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, ray_session):
-    from albert_dist.data import load_prepared, prepare_dataset
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.data.prepare import prepare_dataset
 
     root = tmp_path_factory.mktemp("zh-pipeline")
     cfg = prepare_config(root, zh_corpus(root / "zh.txt"))
@@ -70,7 +71,7 @@ def test_prepare_builds_a_bert_chinese_vocab_and_jieba_word_starts(prepared):
 def test_user_dict_is_read_and_checked(prepared, tmp_path):
     root, _, _, _ = prepared
     with pytest.raises(DataError, match="cannot read data.user_dict"):
-        from albert_dist.data import prepare_dataset
+        from albert_dist.data.prepare import prepare_dataset
 
         prepare_dataset(prepare_config(tmp_path, root / "zh.txt", f"data.user_dict={tmp_path / 'missing.txt'}"))
     with pytest.raises(ConfigError, match="user_dict needs word_segmenter"):

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from chinese_helpers import ZH_SENTENCES
 
-from albert_dist.data import MaskingCollator, batch_rng
 from albert_dist.data.instances import InstanceSpec
-from albert_dist.data.masking import IGNORE_INDEX
+from albert_dist.data.masking import IGNORE_INDEX, MaskingCollator, batch_rng
 from albert_dist.data.process import DocumentProcessor, ProcessSettings
 from albert_dist.data.segment import CJK, JiebaSegmenter, word_starts
 from albert_dist.tokenizer import albert_preprocess, load_tokenizer, train_sentencepiece, train_wordpiece

@@ -23,12 +23,12 @@ class Preparation:
         self.cfg = cfg
 
     def resolved(self) -> dict[str, Any]:
-        from albert_dist.data.loading import load_prepared
+        from albert_dist.data.loading import load_prepared, prepared_location
         from albert_dist.data.masking import MaskingCollator
-        from albert_dist.data.prepare import TIMINGS, output_location, prepare_dataset
+        from albert_dist.data.prepare import TIMINGS, prepare_dataset
 
         summary = prepare_dataset(self.cfg, log=lambda _: None)
-        location = output_location(self.cfg)
+        location = prepared_location(self.cfg)
         manifest = load_prepared(location).manifest
         masks = vars(MaskingCollator.from_manifest(manifest))
         return {

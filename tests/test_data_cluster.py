@@ -22,7 +22,7 @@ def main(corpus: Path, root: Path) -> None:
     import ray
 
     from albert_dist.config import DataJobConfig
-    from albert_dist.data import prepare_dataset
+    from albert_dist.data.prepare import prepare_dataset
 
     cluster = loopback_cluster()
     for _ in range(2):

@@ -135,7 +135,8 @@ def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_datase
     ray_session,
 ):
     from albert_dist.config import DataJobConfig
-    from albert_dist.data import load_prepared, prepare_dataset
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.data.prepare import prepare_dataset
 
     corpus = tmp_path / "small.txt"
     corpus.write_text(stdlib_corpus.read_text()[:60_000])

@@ -55,7 +55,8 @@ DOCUMENTS = _documents(240)
 def prepared(tmp_path_factory, ray_session):
     """The README's Chinese path, `data prepare` with prepare_zh.yaml (a WordPiece vocabulary built from the corpus,
     jieba whole words), on the documents as JSONL; one instance per document (no eval split, no short targets)."""
-    from albert_dist.data import load_prepared, prepare_dataset
+    from albert_dist.data.loading import load_prepared
+    from albert_dist.data.prepare import prepare_dataset
 
     root = tmp_path_factory.mktemp("normalization")
     corpus = root / "corpus.jsonl"
@@ -202,7 +203,7 @@ def test_prepared_chinese_vocabulary_knows_every_frequent_character(prepared):
 def test_data_prepared_through_nfkc_is_refused(tmp_path):
     """Format 1 instances were tokenized after NFKC, with a vocabulary that lacks full-width characters: a model
     pretrained on them reads raw text with [UNK]s, so they are prepared again rather than trained on."""
-    from albert_dist.data import load_prepared
+    from albert_dist.data.loading import load_prepared
     from albert_dist.errors import DataError
 
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1}), encoding="utf-8")

@@ -367,7 +367,7 @@ def cli_args(args: list[str]) -> list[str]:
 def test_upload_replaces_the_old_dataset_whole(tmp_path):
     """Publishing to a URI (here file://, the same code as s3://) leaves the new dataset and nothing of the old
     one: a stale shard of a bigger old dataset is gone, the manifest is the new one."""
-    from albert_dist.data.prepare import MANIFEST
+    from albert_dist.data.loading import MANIFEST
     from albert_dist.storage import upload_dir
 
     target = tmp_path / "out"

@@ -1,4 +1,5 @@
-"""Reading a prepared dataset back: manifest, tokenizer (checksum-verified), Ray Datasets.
+"""The prepared dataset's format and where a job finds it, and reading it back: manifest, tokenizer
+(checksum-verified), Ray Datasets. `data prepare` (albert_dist/data/prepare.py) writes what this module reads.
 
 Per-rank batching for training lives in `albert_dist.train.feed` (exact resume needs a fixed batch order).
 """
@@ -18,9 +19,19 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from albert_dist.data.masking import MaskingCollator
-from albert_dist.data.prepare import FORMAT_VERSION, MANIFEST
 from albert_dist.errors import DataError, TokenizerError
-from albert_dist.storage import filesystem, is_uri, publish_text, sha256_stream
+from albert_dist.storage import (
+    filesystem,
+    is_uri,
+    join_location,
+    publish_text,
+    resolve_location,
+    resolve_path,
+    sha256_stream,
+)
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 2  # 2: text reaches the tokenizer unnormalized (format 1 applied NFKC first)
 
 #: the largest share of the cluster's object store that `data.cache: auto` fills with a prepared dataset
 CACHE_SHARE = 0.2
@@ -171,6 +182,17 @@ def _read_record(record: Path | None) -> dict[str, Any]:
         return json.loads(record.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def prepared_location(cfg, output: str | None = None) -> str:
+    """Where the job `cfg` (data preparation or pretraining) keeps its prepared data: `output` (default
+    `data.output`) under `run.output_dir` (a URI one too); absolute paths and URIs as given."""
+    output = output or cfg.data.output
+    if is_uri(output) or not is_uri(cfg.run.output_dir):
+        return resolve_location(output, base=None if is_uri(output) else resolve_path(cfg.run.output_dir))
+    if Path(output).expanduser().is_absolute():
+        return str(Path(output).expanduser())
+    return str(join_location(cfg.run.output_dir, *Path(output).parts))
 
 
 def load_prepared(location: str | Path) -> PreparedData:

@@ -24,8 +24,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig
+from albert_dist.config import DataJobConfig
 from albert_dist.data.instances import InstanceSpec
+from albert_dist.data.loading import FORMAT_VERSION, MANIFEST, prepared_location
 from albert_dist.data.masking import MaskingCollator
 from albert_dist.data.process import (
     INSTANCE_SCHEMA,
@@ -43,7 +44,6 @@ from albert_dist.job_registry import Command
 from albert_dist.storage import (
     filesystem,
     is_uri,
-    join_location,
     publishing_dir,
     resolve_location,
     resolve_path,
@@ -51,23 +51,11 @@ from albert_dist.storage import (
     upload_dir,
 )
 
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 2  # 2: text reaches the tokenizer unnormalized (format 1 applied NFKC first)
 _DOCS_PER_BATCH = 64
 _READ_CPUS = 0.25  # reading is light; leave the CPUs to the tokenizer actors
 _ROW_GROUP_ROWS = 8192
 #: the summary's figures of how fast it ran, which differ between two preparations of the same corpus
 TIMINGS = ("seconds", "tokens_per_second", "instances_per_second")
-
-
-def output_location(cfg: DataJobConfig | PretrainJobConfig, output: str | None = None) -> str:
-    """`output` (default `data.output`) under `run.output_dir` (a URI one too); absolute paths and URIs as given."""
-    output = output or cfg.data.output
-    if is_uri(output) or not is_uri(cfg.run.output_dir):
-        return resolve_location(output, base=None if is_uri(output) else resolve_path(cfg.run.output_dir))
-    if Path(output).expanduser().is_absolute():
-        return str(Path(output).expanduser())
-    return str(join_location(cfg.run.output_dir, *Path(output).parts))
 
 
 def run_prepare(cfg: DataJobConfig) -> int:
@@ -86,7 +74,7 @@ def prepare_dataset(
     user_dict = _read_user_dict(cfg.data.user_dict)
     ensure_ray()
     started = time.perf_counter()
-    location = output_location(cfg)
+    location = prepared_location(cfg)
     files = resolve_inputs(cfg.data.inputs)
     ranges = _ranges(cfg, files)
     log(f"data: {len(files)} input file(s) in {len(ranges)} range(s) → {location}")
