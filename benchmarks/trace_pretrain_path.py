@@ -15,7 +15,7 @@ Each path is read two ways:
 - calls that leave their file: only calls into a file other than the caller's, as a reader following the calls
   opens files; returning to the caller, or calling a neighbour in the same file, is staying.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/trace_pretrain_path.py [--show]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/trace_pretrain_path.py [--show] [--transparent storage.py ...]
 
 prints, for each path and reading, the number of files, of visits and of re-entries (visits − files), and with
 --show the files in the order they are visited.
@@ -37,28 +37,30 @@ PACKAGE = os.sep + "albert_dist" + os.sep
 CALLED_WITHIN = "="
 
 
-def package_file(frame) -> str | None:
-    """The package file of `frame`'s function, None outside the package and for module and class bodies (they run
-    at import: definitions a reader reads where they stand, not calls to follow)."""
+def package_file(frame, transparent: frozenset[str] = frozenset()) -> str | None:
+    """The package file of `frame`'s function, None outside the package, in the `transparent` files (read like
+    another package's) and for module and class bodies (they run at import: definitions a reader reads where they
+    stand, not calls to follow)."""
     name = frame.f_code.co_filename
     if PACKAGE not in name or not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
         return None
-    return name[name.rindex(PACKAGE) + 1 :]
+    path = name[name.rindex(PACKAGE) + 1 :]
+    return None if path.removeprefix("albert_dist/") in transparent else path
 
 
-def tracer(sink: list[str], stop_on_step: list[bool] | None = None):
+def tracer(sink: list[str], stop_on_step: list[bool] | None = None, transparent: frozenset[str] = frozenset()):
     """A profile function appending to `sink` the package file of each call of a package function, marked with
     `CALLED_WITHIN` where the call came from a function of that same file."""
 
     def profile(frame, event, arg):
         if event != "call":
             return
-        path = package_file(frame)
+        path = package_file(frame, transparent)
         if path is not None:
             caller = frame.f_back
-            while caller is not None and package_file(caller) is None:
+            while caller is not None and package_file(caller, transparent) is None:
                 caller = caller.f_back
-            within = caller is not None and package_file(caller) == path
+            within = caller is not None and package_file(caller, transparent) == path
             sink.append(CALLED_WITHIN + path if within else path)
         if (
             event == "call"
@@ -80,7 +82,7 @@ def tracer(sink: list[str], stop_on_step: list[bool] | None = None):
     return profile
 
 
-def worker_hook(out_dir: str, original: str | None):
+def worker_hook(out_dir: str, original: str | None, transparent: frozenset[str]):
     """The setup hook of every Ray worker process: the local Ray's own (`original`, "module.function"), then
     trace into `out_dir/<pid>.json`, written at the first optimizer step and when the training function returns."""
 
@@ -96,7 +98,7 @@ def worker_hook(out_dir: str, original: str | None):
 
         sink: list[str] = []
         stepped: list[bool] = []
-        inner = tracer(sink, stepped)
+        inner = tracer(sink, stepped, transparent)
         path = os.path.join(out_dir, f"{os.getpid()}.json")
 
         def dump() -> None:
@@ -144,8 +146,16 @@ def summary(path: list[str]) -> tuple[int, int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--show", action="store_true", help="print the files in the order visited")
+    parser.add_argument(
+        "--transparent",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+        help="package files read as transparent, like another package's (e.g. storage.py errors.py)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    transparent = frozenset(args.transparent)
     from albert_dist import cli
     from albert_dist.demo_corpus import write_stdlib_corpus
     from albert_dist.ray_init import start_local_ray
@@ -161,7 +171,7 @@ def main() -> int:
     def init(*args, runtime_env=None, **kwargs):  # the local Ray's workers run its setup hook, then the tracer
         runtime_env = dict(runtime_env or {})
         runtime_env["worker_process_setup_hook"] = worker_hook(
-            str(trace_dir), runtime_env.get("worker_process_setup_hook")
+            str(trace_dir), runtime_env.get("worker_process_setup_hook"), transparent
         )
         return real_init(*args, runtime_env=runtime_env, **kwargs)
 
@@ -186,7 +196,7 @@ def main() -> int:
     ):
         return 1
     driver: list[str] = []
-    sys.setprofile(tracer(driver))
+    sys.setprofile(tracer(driver, transparent=transparent))
     try:
         status = cli.main(
             [
