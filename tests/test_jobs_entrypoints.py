@@ -30,6 +30,8 @@ CONFIG_CLASSES = {
     "tune_distill": ("albert_dist.tune.config", "DistillTuneConfig"),
     "prepare_zh": ("albert_dist.config", "DataJobConfig"),
     "pretrain_zh": ("albert_dist.config", "PretrainJobConfig"),
+    "prepare_en": ("albert_dist.config", "DataJobConfig"),
+    "pretrain_en": ("albert_dist.config", "PretrainJobConfig"),
     "clue_lcqmc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "clue_afqmc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "clue_tnews": ("albert_dist.finetune.config", "FinetuneJobConfig"),
@@ -66,6 +68,7 @@ def test_pretraining_presets_build_their_models():
     [
         ("pretrain_tiny", "prepare_data", False),
         ("pretrain_zh", "prepare_zh", False),
+        ("pretrain_en", "prepare_en", False),
         # google-research/albert's setup: 20 predictions at 512 tokens
         ("pretrain_base", "prepare_data", True),
         ("pretrain_large", "prepare_data", True),
