@@ -1,7 +1,7 @@
 """Pretraining at equal wall time against transformers' Trainer, both scored by the same code.
 
 Ours: `albert-dist data prepare` and `albert-dist pretrain` on their shipped configs (prepare_zh.yaml and
-pretrain_zh.yaml for Chinese, prepare_data.yaml and pretrain_tiny.yaml for English; `--ours-set` adds overrides,
+pretrain_zh.yaml for Chinese, prepare_en.yaml and pretrain_en.yaml for English; `--ours-set` adds overrides,
 e.g. a shorter `train.max_steps`), the commands run in this process on one local Ray started beforehand (Ray gives
 a node 30 s to come up, which a busy shared machine can miss: it is started until it comes up), `pretrain` timed
 from its call to its return. Theirs, as transformers' `run_mlm` example trains:
@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 import transformers
 from bench_finetune_hf import REPO, machine
 
-CONFIGS = {"zh": ("prepare_zh.yaml", "pretrain_zh.yaml"), "en": ("prepare_data.yaml", "pretrain_tiny.yaml")}
+CONFIGS = {"zh": ("prepare_zh.yaml", "pretrain_zh.yaml"), "en": ("prepare_en.yaml", "pretrain_en.yaml")}
 BLOCK = 128
 HF_BATCH = 16
 PROBE_STEPS = 12
@@ -251,6 +251,12 @@ def main() -> None:
     parser.add_argument(
         "--hf-lrs", default="2e-4,5e-4,1e-3", help="the peer's learning rates; the best is kept (none: ours alone)"
     )
+    parser.add_argument(
+        "--ours-result",
+        type=json.loads,
+        metavar="JSON",
+        help="the `ours:` line of an earlier run on the same --work: the peer gets its wall time, ours is not rerun",
+    )
     parser.add_argument("--heldout-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -259,12 +265,15 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}", flush=True)
     train_text, heldout = split_corpus(args.corpus, args.work, args.heldout_every)
-    start_ray()
-    ours = run_ours(args, args.work, train_text)
-    import ray
+    if args.ours_result:
+        ours = args.ours_result
+    else:
+        start_ray()
+        ours = run_ours(args, args.work, train_text)
+        import ray
 
-    ray.shutdown()  # its idle workers off the CPUs the peer trains on
-    ours.update(held_out(ours["model"], heldout, args.seed))
+        ray.shutdown()  # its idle workers off the CPUs the peer trains on
+        ours.update(held_out(ours["model"], heldout, args.seed))
     print(f"ours: {json.dumps(ours)}\nload average {os.getloadavg()}", flush=True)
     torch.set_num_threads(os.cpu_count() or 1)
     lrs = [float(x) for x in args.hf_lrs.split(",") if x]
