@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import os
 import sys
@@ -133,8 +134,8 @@ def readings(trace: list[str]) -> dict[str, list[str]]:
     every = [entry.removeprefix(CALLED_WITHIN) for entry in calls]
     leaving = [entry for entry in calls if not entry.startswith(CALLED_WITHIN)]
     return {
-        "every call": [p for i, p in enumerate(every) if i == 0 or p != every[i - 1]],
-        "calls that leave their file": [p for i, p in enumerate(leaving) if i == 0 or p != leaving[i - 1]],
+        "every call": [path for path, _ in itertools.groupby(every)],
+        "calls that leave their file": [path for path, _ in itertools.groupby(leaving)],
     }
 
 

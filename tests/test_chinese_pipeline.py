@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from chinese_helpers import ZH_SENTENCES, zh_corpus
+from export_helpers import assert_transformers_reads_export
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 from albert_dist.errors import ConfigError, DataError
@@ -81,9 +81,6 @@ def test_user_dict_is_read_and_checked(prepared, tmp_path):
 
 
 def test_pretrain_zh_runs_and_exports_for_transformers(prepared, ray_session):
-    import transformers
-
-    from albert_dist.model import AlbertForPreTraining
     from albert_dist.pretrain import pretrain
 
     root, cfg, _, data = prepared
@@ -112,18 +109,5 @@ def test_pretrain_zh_runs_and_exports_for_transformers(prepared, ray_session):
     outcome = pretrain(pretrain_cfg)
     assert outcome.metrics["step"] == 4 and np.isfinite(outcome.metrics["eval_mlm_accuracy"])
 
-    hf_tok = transformers.AutoTokenizer.from_pretrained(outcome.model_dir)
+    hf_tok, _ = assert_transformers_reads_export(outcome.model_dir, data.tokenizer, ZH_SENTENCES[3], ZH_SENTENCES[8])
     assert type(hf_tok).__name__.startswith("BertTokenizer")
-    text, pair = ZH_SENTENCES[3], ZH_SENTENCES[8]
-    ours = data.tokenizer.encode_pair(text, pair)
-    theirs = hf_tok(text, pair, return_tensors="pt")
-    assert theirs["input_ids"][0].tolist() == ours["input_ids"]
-    hf_model = transformers.AlbertForPreTraining.from_pretrained(outcome.model_dir).eval()
-    model = AlbertForPreTraining.from_pretrained(outcome.model_dir)
-    ids = torch.tensor([ours["input_ids"]])
-    types = torch.tensor([ours["token_type_ids"]])
-    with torch.no_grad():
-        mine = model(input_ids=ids, token_type_ids=types)
-        hf = hf_model(input_ids=ids, token_type_ids=types)
-    torch.testing.assert_close(mine.prediction_logits, hf.prediction_logits, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(mine.sop_logits, hf.sop_logits, atol=1e-4, rtol=1e-4)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from export_helpers import assert_transformers_reads_export
 
 from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
 from albert_dist.demo_corpus import write_stdlib_corpus
@@ -20,11 +20,8 @@ TEXT, PAIR = "Return the number of items in a container.", "Raise ValueError whe
 
 
 def test_prepare_en_and_pretrain_en_run_together_and_export_for_transformers(tmp_path, ray_session):
-    import transformers
-
     from albert_dist.data.loading import load_prepared, prepared_location
     from albert_dist.data.prepare import prepare_dataset
-    from albert_dist.model import AlbertForPreTraining
     from albert_dist.pretrain import pretrain
 
     corpus = write_stdlib_corpus(tmp_path / "corpus.txt", 400_000)
@@ -50,14 +47,6 @@ def test_prepare_en_and_pretrain_en_run_together_and_export_for_transformers(tmp
     outcome = pretrain(cfg)
     assert outcome.metrics["step"] == 4 and np.isfinite(outcome.metrics["eval_mlm_accuracy"])
 
-    hf_model = transformers.AlbertForPreTraining.from_pretrained(outcome.model_dir).eval()
+    tokenizer = load_prepared(prepared_location(cfg)).tokenizer
+    _, hf_model = assert_transformers_reads_export(outcome.model_dir, tokenizer, TEXT, PAIR)
     assert (hf_model.config.vocab_size, hf_model.config.hidden_size) == (3000, 128)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(outcome.model_dir)
-    ours = load_prepared(prepared_location(cfg)).tokenizer.encode_pair(TEXT, PAIR)
-    theirs = hf_tok(TEXT, PAIR, return_tensors="pt")
-    assert theirs["input_ids"][0].tolist() == ours["input_ids"]
-    model = AlbertForPreTraining.from_pretrained(outcome.model_dir)
-    ids, types = torch.tensor([ours["input_ids"]]), torch.tensor([ours["token_type_ids"]])
-    with torch.no_grad():
-        mine, hf = model(input_ids=ids, token_type_ids=types), hf_model(input_ids=ids, token_type_ids=types)
-    torch.testing.assert_close(mine.prediction_logits, hf.prediction_logits, atol=1e-4, rtol=1e-4)
