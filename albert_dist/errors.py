@@ -1,5 +1,6 @@
 """User-facing errors: the CLI prints their message alone, without a traceback."""
 
+import codecs
 import contextlib
 import errno
 
@@ -74,3 +75,26 @@ def disk_full_error(what: str, error: type[AlbertDistError] = AlbertDistError) -
         f"no space left on device while writing {what}: free some space or write elsewhere (what was "
         f"there before is kept)"
     )
+
+
+#: a text with more than this share of undecodable characters is in another encoding, not UTF-8 with stray bad bytes
+FOREIGN_ENCODING_SHARE = 0.05
+
+
+def not_utf8_error(
+    location: str, data: bytes, detail: str, error: type[AlbertDistError] = DataError
+) -> AlbertDistError:
+    """The error for a file that is not UTF-8, naming GB18030 when its text reads as Chinese in it: GBK and GB2312,
+    its subsets, are what Chinese Windows tools save text in."""
+    advice = "convert it to UTF-8 first (iconv -f ENCODING -t UTF-8 FILE > NEW_FILE)"
+    try:
+        sample = codecs.getincrementaldecoder("gb18030")().decode(data[: 1 << 16], final=False)
+    except UnicodeDecodeError:
+        sample = ""
+    foreign = [c for c in sample if ord(c) > 0x7F]
+    if foreign and sum("\u4e00" <= c <= "\u9fff" for c in foreign) >= 0.5 * len(foreign):
+        advice = (
+            "it reads as Chinese in GB18030 (GBK, GB2312; Big5 if it is Traditional Chinese): convert it with "
+            "iconv -f GB18030 -t UTF-8 FILE > NEW_FILE"
+        )
+    return error(f"{location}: not UTF-8 text ({detail}); {advice}")

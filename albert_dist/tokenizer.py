@@ -30,7 +30,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from albert_dist.errors import TokenizerError
+from albert_dist.errors import FOREIGN_ENCODING_SHARE, TokenizerError, not_utf8_error
 from albert_dist.storage import publish_bytes, publish_file
 
 SPIECE_FILE = "spiece.model"
@@ -128,6 +128,7 @@ def _read_lines(
     nbytes = nlines = 0
     next_report = _PROGRESS_EVERY_BYTES
     for path in paths:
+        chars = replaced = 0
         with open(path, "rb") as f:
             for raw in f:
                 nbytes += len(raw)
@@ -135,9 +136,16 @@ def _read_lines(
                 if nbytes >= next_report:
                     progress(f"{label}: read {nbytes / 2**20:,.0f} MiB, {nlines:,} lines (now {path})")
                     next_report += _PROGRESS_EVERY_BYTES
-                line = preprocess(raw.decode("utf-8", errors="replace"))
+                text = raw.decode("utf-8", errors="replace")
+                chars += len(text)
+                replaced += text.count("\ufffd") - raw.count(b"\xef\xbf\xbd")
+                line = preprocess(text)
                 if line:
                     yield line
+            if replaced > max(16, FOREIGN_ENCODING_SHARE * chars):
+                f.seek(0)
+                detail = f"{replaced:,} of {chars:,} characters cannot be decoded"
+                raise not_utf8_error(str(path), f.read(1 << 16), detail, TokenizerError)
 
 
 def _sample_lines(

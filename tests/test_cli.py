@@ -1,6 +1,7 @@
 """The command line: subcommands exist and document themselves; user errors are one line, not a traceback."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,13 +60,33 @@ def test_config_errors_are_one_line_without_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_bad_data_met_inside_ray_tasks_is_one_line_without_traceback(tmp_path):
-    """A broken JSONL line, met by the Ray Data tasks that sample the tokenizer's sentences (before any instance
-    is built): the command's whole error output is our one line, without Ray's tracebacks or retry advice."""
-    bad = tmp_path / "bad.jsonl"
+def _broken_jsonl(path):
     lines = [json.dumps({"text": f"Line {i} opens the document. A second sentence follows it."}) for i in range(300)]
     lines[250] = '{"text": broken'
-    bad.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
+    return re.escape(f"{path}:251: not valid JSON (Expecting value at column 10)")
+
+
+def _gbk_text(path):
+    path.write_bytes("".join(f"第{i}段。今天天气很好。我们去公园散步。\n\n" for i in range(300)).encode("gbk"))
+    # the count is of the first range that met it (data.range_bytes cuts the file)
+    return (
+        re.escape(f"{path}: not UTF-8 text (")
+        + r"[\d,]+ of [\d,]+"
+        + re.escape(
+            " characters cannot be decoded); it reads as Chinese in GB18030 (GBK, GB2312; Big5 if it is Traditional "
+            "Chinese): convert it with iconv -f GB18030 -t UTF-8 FILE > NEW_FILE"
+        )
+    )
+
+
+@pytest.mark.parametrize("write_bad", [_broken_jsonl, _gbk_text], ids=["broken-jsonl", "gbk-text"])
+def test_bad_data_met_inside_ray_tasks_is_one_line_without_traceback(tmp_path, write_bad):
+    """A broken JSONL line, or a corpus in GBK, met by the Ray Data tasks that sample the tokenizer's sentences
+    (before any instance is built): the command's whole error output is our one line, without Ray's tracebacks or
+    retry advice, and nothing is published."""
+    bad = tmp_path / ("bad.jsonl" if write_bad is _broken_jsonl else "bad.txt")
+    pattern = write_bad(bad)
     config = Path(__file__).resolve().parent.parent / "jobs" / "configs" / "prepare_data.yaml"
     items = [
         f"data.inputs=[{bad}]",
@@ -80,10 +101,10 @@ def test_bad_data_met_inside_ray_tasks_is_one_line_without_traceback(tmp_path):
         timeout=300,
     )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr.strip().splitlines() == [
-        f"albert-dist: error: {bad}:251: not valid JSON (Expecting value at column 10)"
-    ]
+    (line,) = result.stderr.strip().splitlines()
+    assert re.fullmatch("albert-dist: error: " + pattern, line), line
     assert "Traceback" not in result.stdout
+    assert not (tmp_path / "out" / "data" / "prepared").exists()
 
 
 def test_missing_tokenizer_input_is_named(tmp_path, capsys):

@@ -75,6 +75,28 @@ def test_undecodable_bytes_are_replaced_and_counted():
     assert docs[0].endswith("bad \ufffd\ufffd here.")
 
 
+CHINESE = "".join(f"第{i}段。今天天气很好，我们去公园散步。机器学习是人工智能的一个分支。\n\n" for i in range(40))
+
+
+def test_a_corpus_in_another_encoding_is_refused_naming_it():
+    """A Chinese corpus saved in GBK (Windows tools' default) would decode to replacement characters and train a
+    tokenizer on them; it stops instead, with the conversion to run. Stray bad bytes stay counted (above)."""
+    with pytest.raises(
+        DataError,
+        match=r"zh.txt: not UTF-8 text \(.* characters cannot be decoded\); it reads as "
+        r"Chinese in GB18030 .*iconv -f GB18030 -t UTF-8",
+    ):
+        texts("zh.txt", CHINESE.encode("gbk"), "blocks")
+    latin = "Ça coûte très cher à Genève, déjà très élevé.\n".encode("latin-1") * 20
+    with pytest.raises(DataError, match=r"fr.txt: not UTF-8 text .*iconv -f ENCODING -t UTF-8") as raised:
+        texts("fr.txt", latin, "blocks")
+    assert "GB18030" not in str(raised.value)
+    # the same text in UTF-8, with a byte-order mark and Windows line ends, is 40 documents
+    docs, counts = texts("zh.txt", b"\xef\xbb\xbf" + CHINESE.replace("\n", "\r\n").encode(), "blocks")
+    assert len(docs) == 40 and docs[0] == "第0段。今天天气很好，我们去公园散步。机器学习是人工智能的一个分支。"
+    assert counts["replaced_chars"] == 0
+
+
 def test_empty_file_and_blank_documents():
     docs, counts = texts("e.txt", b"", "blocks")
     assert docs == [] and counts["empty_files"] == 1

@@ -250,3 +250,26 @@ def test_a_repeated_column_is_a_data_error(tmp_path):
     (tmp_path / "twice.csv").write_text("text,label,text\na,0,b\n")
     with pytest.raises(DataError, match="column 'text' appears more than once"):
         read_table(tmp_path / "twice.csv")
+
+
+def test_a_file_in_another_encoding_is_refused_naming_its_line(tmp_path):
+    """pyarrow reads a GBK column of a CSV as bytes (their repr would be the training text) and replaces the
+    characters of GBK JSON: both stop, naming the first undecodable line; a UTF-8 file with a byte-order mark
+    reads."""
+    rows = "text,label\n今天天气很好,1\n我不喜欢下雨,0\n"
+    (tmp_path / "gbk.csv").write_bytes(rows.encode("gbk"))
+    (tmp_path / "gbk.jsonl").write_bytes(
+        '{"text": "ok", "label": 0}\n{"text": "今天天气很好", "label": 1}\n'.encode("gbk")
+    )
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + rows.encode())
+    with pytest.raises(
+        DataError, match=r"gbk.csv: not UTF-8 text \(line 2, byte 0xbd\); it reads as Chinese in GB18030"
+    ):
+        data.read_table(tmp_path / "gbk.csv")
+    with pytest.raises(DataError, match=r"gbk.jsonl: not UTF-8 text \(line 2, byte 0xbd\)"):
+        data.read_table(tmp_path / "gbk.jsonl")
+    table = data.read_table(tmp_path / "bom.csv")
+    assert table.column_names == ["text", "label"] and data.text_values(table, "text") == [
+        "今天天气很好",
+        "我不喜欢下雨",
+    ]

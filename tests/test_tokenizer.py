@@ -386,6 +386,16 @@ def test_missing_input_file(tmp_path):
         train_sentencepiece(missing, tmp_path / "out", 100)
 
 
+def test_a_corpus_in_another_encoding_trains_nothing(tmp_path):
+    """GBK text decoded as UTF-8 is replacement characters: no vocabulary is trained on them."""
+    text = "".join(f"第{i}段。今天天气很好，我们去公园散步。\n" for i in range(50))
+    (tmp_path / "gbk.txt").write_bytes(text.encode("gbk"))
+    for train in (train_sentencepiece, train_wordpiece):
+        with pytest.raises(TokenizerError, match=r"gbk.txt: not UTF-8 text .*iconv -f GB18030 -t UTF-8"):
+            train(tmp_path / "gbk.txt", tmp_path / "out", 100, progress=lambda _: None)
+    assert not (tmp_path / "out").exists()
+
+
 def test_empty_corpus(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n\n", encoding="utf-8")

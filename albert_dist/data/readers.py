@@ -1,10 +1,10 @@
 """Corpus files to documents: path expansion, decoding and the per-format parsers.
 
 A file, or a range of it (`ranges.py` cuts big files where documents end), is parsed by one function, so
-undecodable bytes can be counted (they are replaced, never fatal) and a broken JSONL line is reported with its file
-and line number.
-Damage that loses nothing (bad bytes, empty files, blank documents) is counted; input the job cannot interpret
-(invalid JSON, a missing field or column, a corrupt gzip or Parquet file) stops it with a `DataError`.
+undecodable bytes can be counted and a broken JSONL line is reported with its file and line number.
+Damage that loses little (a few bad bytes, empty files, blank documents) is counted; input the job cannot interpret
+(text in another encoding than UTF-8, invalid JSON, a missing field or column, a corrupt gzip or Parquet file) stops
+it with a `DataError`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from albert_dist.errors import DataError
+from albert_dist.errors import FOREIGN_ENCODING_SHARE, DataError, not_utf8_error
 from albert_dist.storage import filesystem
 
 _GLOB_CHARS = "*?["
@@ -142,7 +142,10 @@ def parse_text(
     counts: Counter = Counter(bytes=len(data))
     text = decode(data, first_line == 0)
     # U+FFFD that was already in the file (encoded as EF BF BD) is not a decoding error.
-    counts["replaced_chars"] = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
+    replaced = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
+    if replaced > max(16, FOREIGN_ENCODING_SHARE * len(text)):
+        raise not_utf8_error(path, data, f"{replaced:,} of {len(text):,} characters cannot be decoded")
+    counts["replaced_chars"] = replaced
     texts = _TEXT_PARSERS[fmt](path, text, text_field, first_line)
     return make_documents(name or path, texts, fmt == "sentences", first_document, counts), counts
 

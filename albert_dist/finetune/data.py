@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from albert_dist.errors import ConfigError, DataError
+from albert_dist.errors import ConfigError, DataError, not_utf8_error
 
 MEGA_BATCH_MULTIPLE = 50  # at most this many batches per length-sorted mega-batch, as transformers' group_by_length
 
@@ -70,11 +70,16 @@ def read_table(location: str | Path, fmt: str = "auto") -> pa.Table:
             table = pq.read_table(path, filesystem=fs)
         else:
             with fs.open_input_stream(path) as stream:
-                if kind == "jsonl":
-                    table = pajson.read_json(stream)
-                else:
-                    parse = pacsv.ParseOptions(delimiter="\t", quote_char=False) if kind == "tsv" else None
-                    table = pacsv.read_csv(stream, parse_options=parse)
+                raw = stream.read()
+            # pyarrow would read a CSV column in another encoding as bytes, and JSON with its characters replaced
+            undecodable = first_undecodable(raw)
+            if undecodable:
+                raise not_utf8_error(location, raw, undecodable)
+            if kind == "jsonl":
+                table = pajson.read_json(pa.BufferReader(raw))
+            else:
+                parse = pacsv.ParseOptions(delimiter="\t", quote_char=False) if kind == "tsv" else None
+                table = pacsv.read_csv(pa.BufferReader(raw), parse_options=parse)
     except (pa.ArrowInvalid, OSError) as err:
         raise DataError(f"cannot read {location} as {kind}: {err}") from None
     if table.num_rows == 0:
@@ -83,6 +88,16 @@ def read_table(location: str | Path, fmt: str = "auto") -> pa.Table:
     if repeated:
         raise DataError(f"{location}: column {repeated[0]!r} appears more than once in the header")
     return table
+
+
+def first_undecodable(data: bytes) -> str | None:
+    """Where `data` stops being UTF-8 (`line N, byte 0xXX`), None when all of it is."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        return f"line {line}, byte 0x{data[err.start]:02x}"
+    return None
 
 
 def require_columns(table: pa.Table, path: str | Path, **roles: str | None) -> None:
