@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import process_helpers
@@ -62,13 +63,13 @@ SKIPPED: list = []  # the reports of skipped tests
 def pytest_runtest_protocol(item):
     """The running test's marks, for what requires one (`process_helpers.require_mark`) during its set-up, its
     call and its teardown: its fixtures' servers and clusters, and the Ray Train runs and Tune sweeps it starts."""
-    if process_helpers.RUNNING_TEST_MARKS is None:
-        _require_marks_to_start_ray_train_and_tune()
+    _require_marks_to_start_ray_train_and_tune()
     process_helpers.RUNNING_TEST_MARKS = {mark.name for mark in item.iter_markers()}
     yield
     process_helpers.RUNNING_TEST_MARKS = set()
 
 
+@functools.cache  # once per test process, at its first test (Ray's import stays out of collection)
 def _require_marks_to_start_ray_train_and_tune() -> None:
     from ray import tune
     from ray.train import torch as train_torch

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cluster_helpers import sets
 
 REPO = Path(__file__).resolve().parent.parent
 # error- and info-level lines as Ray (C++ `E1130 12:00:00 ... core_worker.cc:…`, Python `ERROR`/`INFO`), Ray Data and
@@ -69,9 +70,12 @@ def test_demo_runs_every_stage_learns_and_compares_with_a_random_init(tmp_path):
     # its own local Ray and its own SQLite store, as a user on a fresh machine gets
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("MLFLOW_")}
     # the demo's budget, but one sweep trial of two (tests/test_tune.py runs sweeps; this one only shows the stage)
-    sets = ["run.output_dir=" + str(tmp_path / "demo"), "sweep_trials=1"]
     out = subprocess.run(
-        [str(Path(sys.executable).parent / "albert-dist"), "demo", *[a for s in sets for a in ("--set", s)]],
+        [
+            str(Path(sys.executable).parent / "albert-dist"),
+            "demo",
+            *sets("run.output_dir=" + str(tmp_path / "demo"), "sweep_trials=1"),
+        ],
         env=env,
         cwd=tmp_path,
         capture_output=True,
