@@ -30,7 +30,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from albert_dist.errors import FOREIGN_ENCODING_SHARE, TokenizerError, not_utf8_error
+from albert_dist.errors import FOREIGN_ENCODING_SHARE, TokenizerError, not_utf8_error, undecodable_chars
 from albert_dist.storage import publish_bytes, publish_file
 
 SPIECE_FILE = "spiece.model"
@@ -128,7 +128,7 @@ def _read_lines(
     nbytes = nlines = 0
     next_report = _PROGRESS_EVERY_BYTES
     for path in paths:
-        chars = replaced = 0
+        chars = foreign = 0
         with open(path, "rb") as f:
             for raw in f:
                 nbytes += len(raw)
@@ -138,13 +138,13 @@ def _read_lines(
                     next_report += _PROGRESS_EVERY_BYTES
                 text = raw.decode("utf-8", errors="replace")
                 chars += len(text)
-                replaced += text.count("\ufffd") - raw.count(b"\xef\xbf\xbd")
+                foreign += undecodable_chars(text, raw)
                 line = preprocess(text)
                 if line:
                     yield line
-            if replaced > max(16, FOREIGN_ENCODING_SHARE * chars):
+            if foreign > max(16, FOREIGN_ENCODING_SHARE * chars):
                 f.seek(0)
-                detail = f"{replaced:,} of {chars:,} characters cannot be decoded"
+                detail = f"{foreign:,} of {chars:,} characters cannot be decoded or are NULs"
                 raise not_utf8_error(str(path), f.read(1 << 16), detail, TokenizerError)
 
 

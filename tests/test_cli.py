@@ -74,7 +74,7 @@ def _gbk_text(path):
         re.escape(f"{path}: not UTF-8 text (")
         + r"[\d,]+ of [\d,]+"
         + re.escape(
-            " characters cannot be decoded); it reads as Chinese in GB18030 (GBK, GB2312; Big5 if it is Traditional "
+            " characters cannot be decoded or are NULs); it reads as Chinese in GB18030 (GBK, GB2312; Big5 if it is Traditional "
             "Chinese): convert it with iconv -f GB18030 -t UTF-8 FILE > NEW_FILE"
         )
     )

@@ -83,7 +83,7 @@ def test_a_corpus_in_another_encoding_is_refused_naming_it():
     tokenizer on them; it stops instead, with the conversion to run. Stray bad bytes stay counted (above)."""
     with pytest.raises(
         DataError,
-        match=r"zh.txt: not UTF-8 text \(.* characters cannot be decoded\); it reads as "
+        match=r"zh.txt: not UTF-8 text \(.* characters cannot be decoded or are NULs\); it reads as "
         r"Chinese in GB18030 .*iconv -f GB18030 -t UTF-8",
     ):
         texts("zh.txt", CHINESE.encode("gbk"), "blocks")
@@ -91,6 +91,12 @@ def test_a_corpus_in_another_encoding_is_refused_naming_it():
     with pytest.raises(DataError, match=r"fr.txt: not UTF-8 text .*iconv -f ENCODING -t UTF-8") as raised:
         texts("fr.txt", latin, "blocks")
     assert "GB18030" not in str(raised.value)
+    # UTF-16, Windows Notepad's "Unicode": English in it is valid UTF-8, with a NUL after every character
+    for name, encoding in (("en16.txt", "utf-16"), ("zh16.txt", "utf-16-le")):
+        with pytest.raises(DataError, match=rf"{name}: not UTF-8 text .*it is UTF-16 .*iconv -f UTF-16 -t UTF-8"):
+            texts(
+                name, (CHINESE if name.startswith("zh") else "Plain English text.\n\n" * 40).encode(encoding), "blocks"
+            )
     # the same text in UTF-8, with a byte-order mark and Windows line ends, is 40 documents
     docs, counts = texts("zh.txt", b"\xef\xbb\xbf" + CHINESE.replace("\n", "\r\n").encode(), "blocks")
     assert len(docs) == 40 and docs[0] == "第0段。今天天气很好，我们去公园散步。机器学习是人工智能的一个分支。"

@@ -268,6 +268,12 @@ def test_a_file_in_another_encoding_is_refused_naming_its_line(tmp_path):
         data.read_table(tmp_path / "gbk.csv")
     with pytest.raises(DataError, match=r"gbk.jsonl: not UTF-8 text \(line 2, byte 0xbd\)"):
         data.read_table(tmp_path / "gbk.jsonl")
+    (tmp_path / "utf16.csv").write_bytes("text,label\nplain English,1\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"utf16.csv: not UTF-8 text \(line 1, byte 0xff\); it is UTF-16"):
+        data.read_table(tmp_path / "utf16.csv")
+    (tmp_path / "nul.tsv").write_bytes("text\tlabel\nplain\t1\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match=r"nul.tsv: not UTF-8 text \(line 1, byte 0x00\); it is UTF-16"):
+        data.read_table(tmp_path / "nul.tsv")
     table = data.read_table(tmp_path / "bom.csv")
     assert table.column_names == ["text", "label"] and data.text_values(table, "text") == [
         "今天天气很好",

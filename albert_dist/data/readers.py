@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from albert_dist.errors import FOREIGN_ENCODING_SHARE, DataError, not_utf8_error
+from albert_dist.errors import FOREIGN_ENCODING_SHARE, DataError, not_utf8_error, undecodable_chars
 from albert_dist.storage import filesystem
 
 _GLOB_CHARS = "*?["
@@ -141,11 +141,10 @@ def parse_text(
     start (`first_line` 0) may hold a byte-order mark. Counters: bytes, replaced_chars, empty_documents."""
     counts: Counter = Counter(bytes=len(data))
     text = decode(data, first_line == 0)
-    # U+FFFD that was already in the file (encoded as EF BF BD) is not a decoding error.
-    replaced = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
-    if replaced > max(16, FOREIGN_ENCODING_SHARE * len(text)):
-        raise not_utf8_error(path, data, f"{replaced:,} of {len(text):,} characters cannot be decoded")
-    counts["replaced_chars"] = replaced
+    foreign = undecodable_chars(text, data)
+    if foreign > max(16, FOREIGN_ENCODING_SHARE * len(text)):
+        raise not_utf8_error(path, data, f"{foreign:,} of {len(text):,} characters cannot be decoded or are NULs")
+    counts["replaced_chars"] = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
     texts = _TEXT_PARSERS[fmt](path, text, text_field, first_line)
     return make_documents(name or path, texts, fmt == "sentences", first_document, counts), counts
 

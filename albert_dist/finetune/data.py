@@ -91,13 +91,19 @@ def read_table(location: str | Path, fmt: str = "auto") -> pa.Table:
 
 
 def first_undecodable(data: bytes) -> str | None:
-    """Where `data` stops being UTF-8 (`line N, byte 0xXX`), None when all of it is."""
+    """Where `data` stops being UTF-8 text (`line N, byte 0xXX`: an undecodable byte, or a NUL, which UTF-16 puts
+    between ASCII characters), None when all of it is."""
     try:
         data.decode("utf-8")
+        at = None
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        return f"line {line}, byte 0x{data[err.start]:02x}"
-    return None
+        at = err.start
+    nul = data.find(b"\x00", 0, at)
+    at = nul if nul >= 0 else at
+    if at is None:
+        return None
+    line = data.count(b"\n", 0, at) + 1
+    return f"line {line}, byte 0x{data[at]:02x}"
 
 
 def require_columns(table: pa.Table, path: str | Path, **roles: str | None) -> None:
