@@ -1,7 +1,7 @@
 """`albert-dist`: the command line. Each subcommand parses its flags and hands a validated config to the library.
 
-Errors caused by the user's input (`AlbertDistError`) are printed as one line and exit with status 2; anything
-else is a bug and keeps its traceback.
+Errors caused by the user's input (`errors.user_error`: an `AlbertDistError`, or the OS refusing one of the user's
+paths) are printed as one line and exit with status 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from albert_dist.errors import AlbertDistError
+from albert_dist.errors import AlbertDistError, user_error
 from albert_dist.job_registry import GROUPS, JOBS, Job
 
 
@@ -175,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     quiet_mlflow()
     try:
         return args.handler(args)
-    except AlbertDistError as err:
-        print(f"albert-dist: error: {err}", file=sys.stderr)
+    except (AlbertDistError, OSError) as err:
+        error = user_error(err)
+        if error is None:
+            raise
+        print(f"albert-dist: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("albert-dist: interrupted", file=sys.stderr)

@@ -48,6 +48,21 @@ class TrackingError(AlbertDistError):
     """The MLflow tracking store refused a request or did not answer."""
 
 
+#: what the OS answers a path a user cannot write or read: no permission, a read-only file system
+_PATH_REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def user_error(err: BaseException) -> AlbertDistError | None:
+    """`err` as the one line a user reads, or None for an error that is a bug (its traceback helps): our own
+    errors, and the OS refusing a path of the user's (a run directory on a read-only mount, a corpus or an output
+    directory without permission)."""
+    if isinstance(err, AlbertDistError):
+        return err
+    if isinstance(err, OSError) and err.errno in _PATH_REFUSED and err.filename:
+        return AlbertDistError(f"{err.filename}: {err.strerror} (a path the config names, or one under it)")
+    return None
+
+
 def is_disk_full(err: BaseException) -> bool:
     """ENOSPC or EDQUOT, also where a writer reports it only in its message (pyarrow, safetensors)."""
     return (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left on device" in str(

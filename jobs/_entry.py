@@ -14,7 +14,7 @@ import sys
 from albert_dist import job_registry
 from albert_dist.cli import _add_config_flags
 from albert_dist.config import load_config
-from albert_dist.errors import AlbertDistError, ConfigError
+from albert_dist.errors import AlbertDistError, ConfigError, user_error
 from albert_dist.storage import is_uri
 
 # Set by Ray's job supervisor in the environment of a submitted job's entrypoint.
@@ -31,8 +31,11 @@ def main(name: str, argv: list[str] | None = None) -> int:
         cfg = load_config(job.config_class(), args.config, args.overrides)
         check_output_root(cfg)
         return job.load().main(cfg) or 0
-    except AlbertDistError as err:
-        print(f"{' '.join(job.entry)}: error: {err}", file=sys.stderr)
+    except (AlbertDistError, OSError) as err:
+        error = user_error(err)
+        if error is None:
+            raise
+        print(f"{' '.join(job.entry)}: error: {error}", file=sys.stderr)
         return 2
 
 

@@ -1,11 +1,13 @@
 """A disk that fills up while checkpoints, the best model or prepared data are written: a clear error naming the
-path, and what was there before intact (no half-written file left behind). The disk is a real 2 MB tmpfs."""
+path, and what was there before intact (no half-written file left behind). The disk is a real 2 MB tmpfs; a
+read-only one refuses a run directory with one line."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +27,13 @@ from albert_dist.train.loop import Trainer, WorkerEnv
 
 
 @contextlib.contextmanager
-def tmpfs(directory: Path, size: str) -> Iterator[Path]:
-    """A real tmpfs of `size` (mount's syntax: "2m") mounted at `directory` for the block."""
+def tmpfs(directory: Path, size: str, *options: str) -> Iterator[Path]:
+    """A real tmpfs of `size` (mount's syntax: "2m") mounted at `directory` for the block, with mount `options`."""
     directory.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
     )
     if mounted.returncode != 0:
         fault_unavailable(f"cannot mount a tmpfs to fill up (needs root): {mounted.stderr.strip()}")
@@ -37,6 +41,24 @@ def tmpfs(directory: Path, size: str) -> Iterator[Path]:
         yield directory
     finally:
         subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+def test_a_run_directory_on_a_read_only_mount_is_one_line_naming_it(tmp_path):
+    """The OS refusing a path of the user's (a read-only mount here; no permission for a user who is not root) is
+    the user's error: one line naming the path, for the CLI and a Ray job's entry point alike, no traceback."""
+    with tmpfs(tmp_path / "ro", "1m", "ro") as read_only:
+        for command, name in (["albert_dist.cli", "pretrain"], "albert-dist"), (["jobs.pretrain"], "jobs.pretrain"):
+            result = subprocess.run(
+                [sys.executable, "-m", *command, "--set", f"run.output_dir={read_only / 'runs'}"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).resolve().parent.parent,
+                timeout=300,
+            )
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.strip().splitlines() == [
+                f"{name}: error: {read_only / 'runs'}: Read-only file system (a path the config names, or one under it)"
+            ]
 
 
 @pytest.fixture
