@@ -38,6 +38,7 @@ from albert_dist.config import (
     TrackingSection,
 )
 from albert_dist.job_registry import Command
+from albert_dist.model.checkpoint import CONFIG_NAME
 from albert_dist.storage import publish_dir, publish_file
 
 if TYPE_CHECKING:
@@ -303,7 +304,7 @@ def random_init_like(pretrained: Path, target: Path, seed: int) -> Path:
         model.save_pretrained(directory)
         load_tokenizer(pretrained).save(directory)
 
-    return publish_dir(target, write)
+    return publish_dir(target, write, marker=CONFIG_NAME)
 
 
 def _sweep_config(cfg: DemoJobConfig, ft_cfg, root: Path):

@@ -3,7 +3,8 @@ one, complete, at every moment; the same for locations in object storage (`s3://
 filesystems), and reading them back.
 
 A publish writes a temporary copy beside its target, named `.TARGET.publish.HOST.PID.UUID`, then renames it over
-the target. Each publish first removes the copies earlier publishes of the same target left behind when their
+the target. A directory replaces only what a publish of its kind made (`check_replaceable`): a mistyped output
+naming the corpus, or someone's documents, is refused instead of deleted. Each publish first removes the copies earlier publishes of the same target left behind when their
 process died (this host, a pid no longer running); copies of publishes still running are left alone.
 
 Files are fsynced before the rename, so after a power loss the target holds the old or the new content, complete
@@ -244,28 +245,38 @@ def publish_text(path: str | Path, text: str, **kwargs) -> Path:
 
 
 def publish_dir(
-    target: str | Path, write: Callable[[Path], object], *, error: type[AlbertDistError] = AlbertDistError
+    target: str | Path,
+    write: Callable[[Path], object],
+    *,
+    marker: str,
+    error: type[AlbertDistError] = AlbertDistError,
 ) -> Path | str:
-    """`write(staging)` fills an empty staging directory beside `target`, which then replaces `target`."""
-    with publishing_dir(target, error=error) as staging:
+    """`write(staging)` fills an empty staging directory beside `target`, which then replaces `target`
+    (`publishing_dir`; `marker` as there)."""
+    with publishing_dir(target, marker=marker, error=error) as staging:
         write(staging)
     return target if is_uri(target) else Path(target)
 
 
 @contextlib.contextmanager
-def publishing_dir(target: str | Path, *, error: type[AlbertDistError] = AlbertDistError) -> Iterator[Path]:
+def publishing_dir(
+    target: str | Path, *, marker: str, error: type[AlbertDistError] = AlbertDistError
+) -> Iterator[Path]:
     """An empty staging directory beside `target`; when the block ends without an exception, its files are
     fsynced and it replaces `target` (see `_swap_in`), else it is removed and `target` keeps what it held.
+    `marker` is the file the block writes (a dataset's manifest, a model's config.json): an existing `target`
+    without it is refused before the block runs (`check_replaceable`).
 
     A URI `target` is staged in a local temporary directory and uploaded with `PUBLISHED` (its files' sha256)
     written last: object stores rename nothing atomically, so `fetch_dir` takes the directory as published only
     once that marker is there and every file matches it."""
+    check_replaceable(target, marker, error)
     if is_uri(target):
         with disk_full_errors(str(target), error), tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp:
             yield Path(tmp)
             files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
             Path(tmp, PUBLISHED).write_text(json.dumps({"files": files}, indent=1))
-            upload_dir(Path(tmp), str(target), last=PUBLISHED)
+            upload_dir(Path(tmp), str(target), last=PUBLISHED, error=error)
         return
     target = Path(target)
     with disk_full_errors(str(target), error), _temporary(target) as staging:
@@ -381,25 +392,68 @@ def read_bytes(location: str | Path) -> bytes:
             return stream.read()
 
 
-def upload_dir(stage: Path, location: str, *, last: str) -> None:
+def check_replaceable(target: str | Path, marker: str, error: type[AlbertDistError] = AlbertDistError) -> None:
+    """Refuse to publish over what no publish of the same kind made: a file, or a directory (under a URI, objects)
+    holding neither `marker`, the file every such publish writes, nor an upload's `UPLOADING`. A publish replaces
+    its target whole, so an output mistyped as the corpus's directory or someone's documents would delete them."""
+    is_file, names = _existing(target)
+    if is_file or (names and not names & {marker, UPLOADING}):
+        what = "is a file" if is_file else f"holds files and no {marker}"
+        raise error(
+            f"refusing to publish to {target}: it {what}, so no earlier output of this kind, and publishing "
+            f"replaces it whole (deleting what it holds); choose a new or empty directory"
+        )
+
+
+def _existing(target: str | Path) -> tuple[bool, set[str]]:
+    """Whether `target` is a file (or a link), and the names in it when it is a directory (none when missing)."""
+    if not is_uri(target):
+        if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
+            return True, set()
+        return False, set(os.listdir(target)) if os.path.isdir(target) else set()
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(str(target))
+    with object_store_errors(target):
+        kind = fs.get_file_info(path).type
+        if kind != pafs.FileType.Directory:
+            return kind == pafs.FileType.File, set()
+        return False, {info.base_name for info in fs.get_file_info(pafs.FileSelector(path))}
+
+
+#: written first under a URI while `upload_dir` replaces what is there, deleted last: an upload cut off leaves it,
+#: so that the next publish knows the objects there for an earlier publish's
+UPLOADING = ".albert-dist-uploading"
+
+
+def upload_dir(stage: Path, location: str, *, last: str, error: type[AlbertDistError] = AlbertDistError) -> None:
     """Replace what is under the URI `location` with the files of `stage`, `stage/last` last: object stores rename
     nothing atomically (a "move" of a prefix copies object by object), but readers take the directory through
     `last` (a dataset's manifest, a model's `PUBLISHED`), so the old one stops being complete before anything of
     it is replaced, and the new one becomes complete with its last object. An upload that fails half-way leaves
-    no `last`."""
+    no `last`, and `UPLOADING`; objects that are neither an earlier upload's nor one cut off are refused
+    (`check_replaceable`)."""
     import pyarrow.fs as pafs
 
+    check_replaceable(location, last, error)
     fs, path = filesystem(str(location))
     with object_store_errors(location):
+        if fs.type_name == "local":  # a file:// URI: its directory may not exist yet (object stores have none)
+            fs.create_dir(path, recursive=True)
+        with fs.open_output_stream(f"{path}/{UPLOADING}") as out:
+            out.write(b"")
         if fs.get_file_info(f"{path}/{last}").type == pafs.FileType.File:
             fs.delete_file(f"{path}/{last}")
-        fs.delete_dir_contents(path, missing_dir_ok=True)  # the old files (the new directory may have fewer)
+        for old in fs.get_file_info(pafs.FileSelector(path)):  # the new directory may have fewer files
+            if old.base_name != UPLOADING:
+                fs.delete_dir(old.path) if old.type == pafs.FileType.Directory else fs.delete_file(old.path)
         for part in sorted(stage.iterdir(), key=lambda p: p.name == last):
             if part.is_dir():
                 fs.create_dir(f"{path}/{part.name}")  # a local file:// target needs it; on S3 an empty marker
             pafs.copy_files(
                 str(part), f"{path}/{part.name}", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
             )
+        fs.delete_file(f"{path}/{UPLOADING}")
 
 
 def download_dir(location: str, *, complete: str) -> Path:
@@ -422,6 +476,7 @@ def download_dir(location: str, *, complete: str) -> Path:
             lambda d: pafs.copy_files(
                 path, str(d), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem()
             ),
+            marker=complete,
         )
     return local
 

@@ -2,6 +2,7 @@
 
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -220,6 +221,20 @@ def test_bad_input_fails_cleanly_and_keeps_the_old_output(english, ray_session, 
     with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
         prepare_dataset(broken, log=lambda _: None)
     assert load_prepared(data.location).manifest == before
+
+
+def test_an_output_naming_the_corpus_or_its_directory_is_refused_and_deletes_nothing(english, ray_session, tmp_path):
+    """data.output mistyped as the corpus's own directory, or the corpus file: publishing replaces its target whole,
+    so it is refused, before the work, and every input is kept byte for byte."""
+    cfg, _, _ = english
+    corpus_dir = Path(cfg.data.inputs[0]).parent
+    before = {p: p.read_bytes() for p in corpus_dir.rglob("*") if p.is_file()}
+    for output, what in ((corpus_dir, "holds files and no manifest.json"), (cfg.data.inputs[0], "is a file")):
+        mistyped = cfg.model_copy(deep=True)
+        mistyped.data.output = str(output)
+        with pytest.raises(DataError, match=f"refusing to publish to {output}: it {what}"):
+            prepare_dataset(mistyped, log=lambda _: None)
+    assert {p: p.read_bytes() for p in corpus_dir.rglob("*") if p.is_file()} == before
 
 
 def test_messy_text_is_counted(ray_session, english_tokenizer, tmp_path):

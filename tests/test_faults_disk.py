@@ -21,6 +21,7 @@ from test_loop import Checkpoints, KeywordTask, settings
 
 from albert_dist.errors import AlbertDistError, CheckpointError, DataError
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+from albert_dist.model.checkpoint import CONFIG_NAME
 from albert_dist.storage import publish_dir
 from albert_dist.train import checkpointing
 from albert_dist.train.loop import Trainer, WorkerEnv
@@ -101,12 +102,12 @@ def assert_same_weights(directory: Path, expected: dict[str, torch.Tensor]) -> N
 
 def test_model_written_to_a_full_disk_fails_clearly_and_keeps_the_previous_one(small_disk):
     target = small_disk / "best"
-    publish_dir(target, tiny_classifier(0).save_pretrained)
+    publish_dir(target, tiny_classifier(0).save_pretrained, marker=CONFIG_NAME)
     before = load_file(target / "model.safetensors")
     fill(small_disk)
     newer = tiny_classifier(1)
     with pytest.raises(AlbertDistError, match=f"no space left on device while writing {target}"):
-        publish_dir(target, newer.save_pretrained)  # the way the best model is replaced
+        publish_dir(target, newer.save_pretrained, marker=CONFIG_NAME)  # the way the best model is replaced
     with pytest.raises(CheckpointError, match=f"no space left on device while writing {target}/model.safetensors"):
         newer.save_pretrained(target)  # in place: file by file, each atomically
     assert sorted(p.name for p in small_disk.iterdir()) == ["ballast", "best"]

@@ -398,11 +398,12 @@ def test_a_directory_published_to_a_uri_is_fetched_whole_or_refused(tmp_path, mo
     publish_dir(
         uri,
         lambda d: [(d / "config.json").write_text("{}"), (d / "sub").mkdir(), (d / "sub" / "w.bin").write_bytes(b"v1")],
+        marker="config.json",
     )
     local = fetch_dir(uri)
     assert local == tmp_path / "staging" / "file" / str(tmp_path).strip("/") / "bucket" / "run" / "model"
     assert (local / "sub" / "w.bin").read_bytes() == b"v1" and (local / PUBLISHED).is_file()
-    publish_dir(uri, lambda d: (d / "config.json").write_text('{"v": 2}'))
+    publish_dir(uri, lambda d: (d / "config.json").write_text('{"v": 2}'), marker="config.json")
     assert (fetch_dir(uri) / "config.json").read_text() == '{"v": 2}' and not (local / "sub").exists()
     (tmp_path / "bucket" / "run" / "model" / "config.json").write_text("changed")
     (local / PUBLISHED).unlink()  # no local copy to reuse: downloaded again, and checked

@@ -5,6 +5,7 @@ Other publishers and readers are forked processes (no interpreter start, no shar
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from albert_dist import storage
+from albert_dist.errors import AlbertDistError
 from albert_dist.storage import publish_dir, publish_file
 
 NAMES = ["config.json", "model.safetensors", "tokenizer.json"]
@@ -30,8 +32,13 @@ def write_version(path: Path, version: int, kind: str) -> None:
             f.write(f"{version}\n")
 
 
+def publisher(kind: str):
+    """publish_dir (its marker the directory's config.json) or publish_file."""
+    return functools.partial(publish_dir, marker=NAMES[0]) if kind == "dir" else publish_file
+
+
 def publish(kind: str, target: Path, version: int) -> None:
-    (publish_dir if kind == "dir" else publish_file)(target, lambda path: write_version(path, version, kind))
+    publisher(kind)(target, lambda path: write_version(path, version, kind))
 
 
 def version_of(kind: str, target: Path, dir_fd: int | None = None) -> int:
@@ -62,7 +69,7 @@ def publish_then(kind: str, target: Path, then) -> multiprocessing.Process:
             write_version(path, 7, kind)
             then()
 
-        (publish_dir if kind == "dir" else publish_file)(target, write)
+        publisher(kind)(target, write)
 
     process = fork.Process(target=run)
     process.start()
@@ -116,13 +123,12 @@ def test_a_failing_write_keeps_the_previous_target_and_leaves_nothing(tmp_path, 
         write_version(path, 3, kind)
         raise RuntimeError("writer failed")
 
-    publisher = publish_dir if kind == "dir" else publish_file
     with pytest.raises(RuntimeError, match="writer failed"):
-        publisher(target, fail)
+        publisher(kind)(target, fail)
     assert list(tmp_path.iterdir()) == []
     publish(kind, target, 1)
     with pytest.raises(RuntimeError, match="writer failed"):
-        publisher(target, fail)
+        publisher(kind)(target, fail)
     assert [p.name for p in tmp_path.iterdir()] == ["target"]
     assert version_of(kind, target) == 1
 
@@ -200,3 +206,40 @@ def test_without_renameat2_directories_are_replaced_by_renaming_aside(tmp_path, 
     monkeypatch.setattr(storage, "_renameat2", None)
     problems = poll_while_publishing("dir", tmp_path / "target", publishes=2000, until_found=True)
     assert problems and all(p.startswith("missing") for p in problems)
+
+
+def test_a_publish_replaces_only_what_a_publish_of_its_kind_made(tmp_path):
+    """An output mistyped as someone's directory or file is refused before anything is written, and left as it
+    was: a publish replaces its target whole. An empty directory, or one holding the marker, is replaced."""
+    documents = tmp_path / "documents"
+    documents.mkdir()
+    (documents / "thesis.txt").write_text("years of work")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the corpus")
+    for target, what in ((documents, "holds files and no config.json"), (corpus, "is a file")):
+        for kind in ("dir", "uri"):
+            location = f"file://{target}" if kind == "uri" else target
+            with pytest.raises(AlbertDistError, match=f"refusing to publish to {location}: it {what}"):
+                publish_dir(location, lambda d: write_version(d, 1, "dir"), marker="config.json")
+    assert [p.name for p in documents.iterdir()] == ["thesis.txt"] and corpus.read_text() == "the corpus"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "documents"]  # no staging left either
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    publish("dir", empty, 1)
+    publish("dir", empty, 2)  # holds config.json: an earlier publish's
+    assert version_of("dir", empty) == 2
+
+
+def test_an_upload_cut_off_is_replaced_by_the_next(tmp_path):
+    """An upload to a URI that died half-way left objects and no marker, but its UPLOADING object: the next
+    publish replaces them (file://, the same code as s3://)."""
+    target = tmp_path / "bucket" / "model"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_text("half an old upload")
+    (target / storage.UPLOADING).write_text("")
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    write_version(stage, 3, "dir")
+    storage.upload_dir(stage, f"file://{target}", last="config.json")
+    assert version_of("dir", target) == 3  # every file the new one's, UPLOADING gone

@@ -42,6 +42,7 @@ from albert_dist.data.readers import resolve_inputs
 from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
 from albert_dist.job_registry import Command
 from albert_dist.storage import (
+    check_replaceable,
     filesystem,
     is_uri,
     publishing_dir,
@@ -410,13 +411,14 @@ def _staging(location: str):
     """
     with disk_full_errors(f"the prepared data for {location}", DataError):
         if not is_uri(location):
-            with publishing_dir(location, error=DataError) as stage:
+            with publishing_dir(location, marker=MANIFEST, error=DataError) as stage:
                 yield stage
             return
+        check_replaceable(location, MANIFEST, DataError)  # before the work, as a local output is
         stage = Path(tempfile.mkdtemp(prefix="albert-data-"))
         try:
             yield stage
-            upload_dir(stage, location, last=MANIFEST)
+            upload_dir(stage, location, last=MANIFEST, error=DataError)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 

@@ -30,7 +30,7 @@ from albert_dist.finetune import data, inference, job
 from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
-from albert_dist.model.checkpoint import load_config
+from albert_dist.model.checkpoint import CONFIG_NAME, load_config
 from albert_dist.storage import publish_dir
 from albert_dist.tokenizer import load_tokenizer
 from albert_dist.train.loop import TaskSpec
@@ -329,7 +329,9 @@ def plan(cfg: DistillJobConfig) -> Plan:
     )
 
     def stage(run) -> None:
-        publish_dir(student_init, lambda directory: save_with_tokenizer(student, teacher_dir, directory))
+        publish_dir(
+            student_init, lambda directory: save_with_tokenizer(student, teacher_dir, directory), marker=CONFIG_NAME
+        )
         job.log_task_data(run, cfg.data, task_data)
 
     def evaluate(model_dir: Path) -> dict[str, float]:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from albert_dist.errors import CheckpointError, disk_full_errors
+from albert_dist.model.checkpoint import CONFIG_NAME
 from albert_dist.storage import download_dir, is_uri, join_location, publish_bytes, publish_dir, read_bytes, sha256_file
 from albert_dist.train.collectives import gather_objects
 
@@ -248,7 +249,9 @@ class CheckpointManager:
 
     def _publish(self, model: torch.nn.Module, name: str) -> None:
         if self.env.is_main and self.env.publish_to is not None:
-            publish_dir(join_location(self.env.publish_to, name), lambda d: self.task.save_model(model, d))
+            publish_dir(
+                join_location(self.env.publish_to, name), lambda d: self.task.save_model(model, d), marker=CONFIG_NAME
+            )
 
     def report(
         self, metrics: dict[str, Any], model: torch.nn.Module, trainer_state: dict[str, Any] | None, final: bool = False

@@ -17,6 +17,7 @@ from albert_dist.config import dump_yaml
 from albert_dist.console import quiet_optuna, tune_verbosity
 from albert_dist.errors import AlbertDistError
 from albert_dist.job_registry import Command
+from albert_dist.model.checkpoint import CONFIG_NAME
 from albert_dist.redaction import redact_url
 from albert_dist.storage import publish_dir
 from albert_dist.tracking import JobRun
@@ -155,7 +156,7 @@ def publish(cfg: TuneJobConfig, results, parent: JobRun) -> SweepOutcome:
     )
     best_model = sweep_dir / "best_model"
     source = report.trials_dir(sweep_dir) / best["trial_id"] / PUBLISHED_MODEL
-    publish_dir(best_model, lambda d: shutil.copytree(source, d, dirs_exist_ok=True))
+    publish_dir(best_model, lambda d: shutil.copytree(source, d, dirs_exist_ok=True), marker=CONFIG_NAME)
     parent.published(best_model)
     files = [
         report.write_csv(rows, sweep_dir / "trials.csv"),
