@@ -37,9 +37,14 @@ from albert_dist.config import (
     TokenizerSection,
     TrackingSection,
 )
+from albert_dist.errors import ConfigError
 from albert_dist.job_registry import Command
 from albert_dist.model.checkpoint import CONFIG_NAME
 from albert_dist.storage import publish_dir, publish_file
+
+#: written into run.output_dir by every demo: the directories `_start_fresh` may move aside and later delete
+DEMO_MARKER = ".albert-dist-demo"
+_CORPUS = Path("corpus", "stdlib_docstrings.txt")
 
 if TYPE_CHECKING:
     from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
@@ -152,7 +157,7 @@ def plan_demo(cfg: DemoJobConfig) -> DemoPlan:
     from albert_dist.train.checkpointing import PUBLISHED_MODEL
 
     root = resolve_path(cfg.run.output_dir)
-    corpus = root / "corpus" / "stdlib_docstrings.txt"
+    corpus = root / _CORPUS
     task_dir = root / "corpus" / "sentence_order"
     prepare = DataJobConfig.model_validate(
         {
@@ -279,14 +284,28 @@ def run_demo(cfg: DemoJobConfig) -> int:
 
 
 def _start_fresh(root: Path) -> None:
-    """A second demo into the same directory starts over: the earlier one is moved aside, not resumed."""
-    if not root.exists() or not any(root.iterdir()):
-        return
+    """A second demo into the same directory starts over: the earlier one is moved aside (the one before it
+    deleted), not resumed. A directory holding anything but a demo is refused: it would be deleted in turn."""
     previous = root.with_name(root.name + ".previous")
-    if previous.exists():
-        shutil.rmtree(previous)
-    root.rename(previous)
-    print(f"{root} held an earlier demo: moved to {previous}; this run starts fresh")
+    if root.exists() and any(root.iterdir()):
+        for directory in (root, previous):
+            if directory.exists() and not _is_demo(directory):
+                raise ConfigError(
+                    f"{directory} holds files that are not an earlier demo's (no {DEMO_MARKER}), and a demo into "
+                    f"{root} moves the earlier one to {previous}, deleting the one before: choose another "
+                    "run.output_dir (a new or empty directory)"
+                )
+        if previous.exists():
+            shutil.rmtree(previous)
+        root.rename(previous)
+        print(f"{root} held an earlier demo: moved to {previous}; this run starts fresh")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / DEMO_MARKER).write_text("albert-dist demo\n")
+
+
+def _is_demo(directory: Path) -> bool:
+    """A demo's run.output_dir: its marker, or (written before the marker was) its corpus."""
+    return (directory / DEMO_MARKER).is_file() or (directory / _CORPUS).is_file()
 
 
 def random_init_like(pretrained: Path, target: Path, seed: int) -> Path:

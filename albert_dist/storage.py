@@ -248,7 +248,7 @@ def publish_dir(
     target: str | Path,
     write: Callable[[Path], object],
     *,
-    marker: str,
+    marker: str | None,
     error: type[AlbertDistError] = AlbertDistError,
 ) -> Path | str:
     """`write(staging)` fills an empty staging directory beside `target`, which then replaces `target`
@@ -260,17 +260,19 @@ def publish_dir(
 
 @contextlib.contextmanager
 def publishing_dir(
-    target: str | Path, *, marker: str, error: type[AlbertDistError] = AlbertDistError
+    target: str | Path, *, marker: str | None, error: type[AlbertDistError] = AlbertDistError
 ) -> Iterator[Path]:
     """An empty staging directory beside `target`; when the block ends without an exception, its files are
     fsynced and it replaces `target` (see `_swap_in`), else it is removed and `target` keeps what it held.
     `marker` is the file the block writes (a dataset's manifest, a model's config.json): an existing `target`
-    without it is refused before the block runs (`check_replaceable`).
+    without it is refused before the block runs (`check_replaceable`); None for a directory of albert-dist's own
+    whatever it holds (a download cache).
 
     A URI `target` is staged in a local temporary directory and uploaded with `PUBLISHED` (its files' sha256)
     written last: object stores rename nothing atomically, so `fetch_dir` takes the directory as published only
     once that marker is there and every file matches it."""
-    check_replaceable(target, marker, error)
+    if marker is not None:
+        check_replaceable(target, marker, error)
     if is_uri(target):
         with disk_full_errors(str(target), error), tempfile.TemporaryDirectory(prefix="albert-publish-") as tmp:
             yield Path(tmp)
@@ -476,7 +478,7 @@ def download_dir(location: str, *, complete: str) -> Path:
             lambda d: pafs.copy_files(
                 path, str(d), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem()
             ),
-            marker=complete,
+            marker=None,  # the location's own cache: a copy cut off or changed is downloaded again over it
         )
     return local
 

@@ -22,20 +22,42 @@ ERROR_OR_INFO_LINE = re.compile(
 
 
 def test_a_second_demo_into_the_same_directory_starts_fresh(tmp_path, capsys):
-    from albert_dist.demo import _start_fresh
+    from albert_dist.demo import DEMO_MARKER, _start_fresh
 
     root = tmp_path / "demo"
     _start_fresh(root)  # nothing there yet: nothing to say
-    assert not capsys.readouterr().out
+    assert not capsys.readouterr().out and [p.name for p in root.iterdir()] == [DEMO_MARKER]
     (root / "demo" / "model").mkdir(parents=True)
     (root / "mlflow.db").write_text("runs of the first demo")
     _start_fresh(root)
-    assert "held an earlier demo: moved to" in capsys.readouterr().out and not root.exists()
+    assert "held an earlier demo: moved to" in capsys.readouterr().out
     assert (tmp_path / "demo.previous" / "mlflow.db").read_text() == "runs of the first demo"
-    root.mkdir()
+    assert [p.name for p in root.iterdir()] == [DEMO_MARKER]
     (root / "mlflow.db").write_text("runs of the second demo")
     _start_fresh(root)  # the one before is replaced, not piled up
     assert (tmp_path / "demo.previous" / "mlflow.db").read_text() == "runs of the second demo"
+
+
+def test_a_demo_into_a_directory_that_is_not_a_demo_moves_and_deletes_nothing(tmp_path, capsys):
+    """run.output_dir pointed at someone's directory: it would be moved aside, then deleted by the next demo."""
+    from albert_dist.demo import _start_fresh
+    from albert_dist.errors import ConfigError
+
+    documents = tmp_path / "documents"
+    documents.mkdir()
+    (documents / "thesis.txt").write_text("years of work")
+    with pytest.raises(ConfigError, match=f"{documents} holds files that are not an earlier demo's"):
+        _start_fresh(documents)
+    demo = tmp_path / "demo"
+    _start_fresh(demo)
+    (demo / "mlflow.db").write_text("a demo")
+    (tmp_path / "demo.previous").mkdir()  # someone's, where the earlier demo would go
+    (tmp_path / "demo.previous" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'demo.previous'} holds files that are not an earlier demo's"):
+        _start_fresh(demo)
+    assert (documents / "thesis.txt").read_text() == "years of work"
+    assert (tmp_path / "demo.previous" / "notes.txt").read_text() == "mine"
+    assert (demo / "mlflow.db").read_text() == "a demo" and not capsys.readouterr().out
 
 
 def test_the_sentence_order_task_is_balanced_and_true_to_the_corpus(stdlib_corpus, tmp_path):
