@@ -124,8 +124,8 @@ def not_utf8_error(
 
 
 def _chinese_share(data: bytes, encoding: str) -> float:
-    """The share of CJK ideographs and punctuation (full-width forms too) among the non-ASCII characters of `data` read in `encoding` (0 when it does not
-    decode: a random byte string rarely reads as Chinese in one)."""
+    """The share of CJK ideographs and punctuation (full-width forms too) among the non-ASCII characters of `data`
+    read in `encoding`; 0 when it does not decode (a random byte string rarely reads as Chinese in one)."""
     try:
         text = codecs.getincrementaldecoder(encoding)().decode(data[: len(data) & ~1], final=False)
     except UnicodeDecodeError:

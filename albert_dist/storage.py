@@ -4,8 +4,9 @@ filesystems), and reading them back.
 
 A publish writes a temporary copy beside its target, named `.TARGET.publish.HOST.PID.UUID`, then renames it over
 the target. A directory replaces only what a publish of its kind made (`check_replaceable`): a mistyped output
-naming the corpus, or someone's documents, is refused instead of deleted. Each publish first removes the copies earlier publishes of the same target left behind when their
-process died (this host, a pid no longer running); copies of publishes still running are left alone.
+naming the corpus, or someone's documents, is refused instead of deleted. Each publish first removes the copies
+earlier publishes of the same target left behind when their process died (this host, a pid no longer running);
+copies of publishes still running are left alone.
 
 Files are fsynced before the rename, so after a power loss the target holds the old or the new content, complete
 (directories are not: the rename itself may be lost, leaving the old version).
