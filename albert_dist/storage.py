@@ -214,8 +214,9 @@ def publish_file(
     path: str | Path, write: Callable[[Path], object], *, error: type[AlbertDistError] = AlbertDistError
 ) -> Path | str:
     """`write(tmp)` creates a file at `tmp` beside `path`; it is fsynced and renamed over `path`. A full disk is
-    reported as one `error` naming `path`; on any failure `path` keeps what it held. A URI `path` gets the file
-    written locally, then uploaded as one object (an object store replaces an object whole)."""
+    reported as one `error` naming `path`; on any failure `path` keeps what it held; a directory at `path` is
+    refused before `write` runs. A URI `path` gets the file written locally, then uploaded as one object (an
+    object store replaces an object whole)."""
     if is_uri(path):
         with (
             disk_full_errors(str(path), error),
@@ -230,6 +231,8 @@ def publish_file(
                 shutil.copyfileobj(source, out, 1 << 20)
         return path
     path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise error(f"refusing to publish to {path}: it is a directory, and a file would be written there")
     with disk_full_errors(str(path), error), _temporary(path) as tmp:
         write(tmp)
         _fsync(tmp)

@@ -224,6 +224,10 @@ def test_a_publish_replaces_only_what_a_publish_of_its_kind_made(tmp_path):
     assert [p.name for p in documents.iterdir()] == ["thesis.txt"] and corpus.read_text() == "the corpus"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "documents"]  # no staging left either
 
+    with pytest.raises(AlbertDistError, match=f"refusing to publish to {documents}: it is a directory"):
+        publish_file(documents, lambda path: write_version(path, 1, "file"))
+    assert [p.name for p in documents.iterdir()] == ["thesis.txt"]
+
     empty = tmp_path / "empty"
     empty.mkdir()
     publish("dir", empty, 1)
