@@ -30,8 +30,9 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from albert_dist.errors import FOREIGN_ENCODING_SHARE, TokenizerError, not_utf8_error, undecodable_chars
+from albert_dist.errors import TokenizerError
 from albert_dist.storage import publish_bytes, publish_file
+from albert_dist.text_encoding import refuse_other_encoding, undecodable_chars
 
 SPIECE_FILE = "spiece.model"
 SPIECE_VOCAB_FILE = "spiece.vocab"
@@ -142,10 +143,8 @@ def _read_lines(
                 line = preprocess(text)
                 if line:
                     yield line
-            if foreign > max(16, FOREIGN_ENCODING_SHARE * chars):
-                f.seek(0)
-                detail = f"{foreign:,} of {chars:,} characters cannot be decoded or are NULs"
-                raise not_utf8_error(str(path), f.read(1 << 16), detail, TokenizerError)
+            f.seek(0)
+            refuse_other_encoding(str(path), chars, foreign, f.read(1 << 16), TokenizerError)
 
 
 def _sample_lines(

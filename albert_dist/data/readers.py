@@ -23,8 +23,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from albert_dist.errors import FOREIGN_ENCODING_SHARE, DataError, not_utf8_error, undecodable_chars
+from albert_dist.errors import DataError
 from albert_dist.storage import filesystem
+from albert_dist.text_encoding import refuse_other_encoding, undecodable_chars
 
 _GLOB_CHARS = "*?["
 _JSONL_EXTENSIONS = (".jsonl", ".json", ".ndjson")
@@ -141,9 +142,7 @@ def parse_text(
     start (`first_line` 0) may hold a byte-order mark. Counters: bytes, replaced_chars, empty_documents."""
     counts: Counter = Counter(bytes=len(data))
     text = decode(data, first_line == 0)
-    foreign = undecodable_chars(text, data)
-    if foreign > max(16, FOREIGN_ENCODING_SHARE * len(text)):
-        raise not_utf8_error(path, data, f"{foreign:,} of {len(text):,} characters cannot be decoded or are NULs")
+    refuse_other_encoding(path, len(text), undecodable_chars(text, data), data)
     counts["replaced_chars"] = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")
     texts = _TEXT_PARSERS[fmt](path, text, text_field, first_line)
     return make_documents(name or path, texts, fmt == "sentences", first_document, counts), counts

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from albert_dist.errors import ConfigError, DataError, not_utf8_error
+from albert_dist.errors import ConfigError, DataError
+from albert_dist.text_encoding import first_undecodable, not_utf8_error
 
 MEGA_BATCH_MULTIPLE = 50  # at most this many batches per length-sorted mega-batch, as transformers' group_by_length
 
@@ -88,22 +89,6 @@ def read_table(location: str | Path, fmt: str = "auto") -> pa.Table:
     if repeated:
         raise DataError(f"{location}: column {repeated[0]!r} appears more than once in the header")
     return table
-
-
-def first_undecodable(data: bytes) -> str | None:
-    """Where `data` stops being UTF-8 text (`line N, byte 0xXX`: an undecodable byte, or a NUL, which UTF-16 puts
-    between ASCII characters), None when all of it is."""
-    try:
-        data.decode("utf-8")
-        at = None
-    except UnicodeDecodeError as err:
-        at = err.start
-    nul = data.find(b"\x00", 0, at)
-    at = nul if nul >= 0 else at
-    if at is None:
-        return None
-    line = data.count(b"\n", 0, at) + 1
-    return f"line {line}, byte 0x{data[at]:02x}"
 
 
 def require_columns(table: pa.Table, path: str | Path, **roles: str | None) -> None:
