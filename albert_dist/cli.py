@@ -67,7 +67,7 @@ def _add_job_commands(commands) -> None:
 
 
 def _tokenizer_train(args: argparse.Namespace) -> int:
-    from albert_dist.tokenizer import train_sentencepiece
+    from albert_dist.tokenizer.training import train_sentencepiece
 
     model = train_sentencepiece(
         args.input, args.out, args.vocab_size, character_coverage=args.character_coverage, model_type=args.model_type
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.set_defaults(handler=_predict)
 
-    from albert_dist import jobs_client
+    from albert_dist.cluster import submit as jobs_client
 
     address_help = "Ray dashboard URL, e.g. http://127.0.0.1:8265 (default $RAY_ADDRESS)"
     submit = commands.add_parser("submit", help="run a job (jobs/<job>.py) on a Ray cluster")

@@ -16,7 +16,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -24,7 +23,7 @@ from pydantic import (
 
 from albert_dist.errors import ConfigError
 from albert_dist.redaction import redact_url, refuse_uri_credentials
-from albert_dist.storage import is_uri, join_location, resolve_path, staging_dir, uri_path
+from albert_dist.storage import is_uri, join_location, resolve_path, staging_dir
 
 
 class Section(BaseModel):
@@ -61,18 +60,9 @@ def _output_dir(uri_allowed: bool):
 
 
 LocalOutputDir = _output_dir(uri_allowed=False)
+
+
 StoredOutputDir = _output_dir(uri_allowed=True)
-
-
-class OutputSection(Section):
-    """Data preparation's `run:`: where its outputs go (`data.output` under it; data.seed seeds it)."""
-
-    key_hints = {
-        "name": "data preparation writes to data.output, under run.output_dir",
-        "seed": "data preparation is seeded by data.seed",
-    }
-
-    output_dir: LocalOutputDir = "runs"
 
 
 class RunSection(Section):
@@ -127,219 +117,6 @@ class TrainingRunSection(RunSection):
     )
 
 
-class PretrainedModelSection(Section):
-    """A model to start from and the dropout to train it with: fine-tuning's `model:` (its shape is init_from's).
-    `None` keeps the model's value."""
-
-    init_from: str | None = Field(None, description="A model directory (ours or transformers') to start from.")
-    allow_pickle: bool = Field(
-        False,
-        description="Accept an init_from holding only pytorch_model.bin (pickle), "
-        "still loaded with torch.load(weights_only=True).",
-    )
-    hidden_dropout_prob: float | None = Field(None, ge=0, lt=1)
-    attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1)
-    classifier_dropout_prob: float | None = Field(None, ge=0, lt=1)
-
-    _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: local_path(value)))
-
-    def overrides(self) -> dict[str, Any]:
-        fields = self.model_dump(exclude={"preset", "init_from", "allow_pickle"})
-        return {k: v for k, v in fields.items() if v is not None}
-
-
-class ModelSection(PretrainedModelSection):
-    """Pretraining's `model:`, a preset plus field overrides (`None` keeps the preset's value), or init_from as it
-    is. Field names as transformers.AlbertConfig."""
-
-    preset: Literal["tiny", "base", "large", "xlarge", "xxlarge"] = "tiny"
-    embedding_size: int | None = Field(None, gt=0)
-    hidden_size: int | None = Field(None, gt=0)
-    num_hidden_layers: int | None = Field(None, gt=0)
-    num_hidden_groups: int | None = Field(None, gt=0)
-    num_attention_heads: int | None = Field(None, gt=0)
-    intermediate_size: int | None = Field(None, gt=0)
-    inner_group_num: int | None = Field(None, gt=0)
-    hidden_act: str | None = None
-    max_position_embeddings: int | None = Field(None, gt=0)
-
-    @model_validator(mode="after")
-    def _init_from_keeps_its_config(self) -> ModelSection:
-        if self.init_from and self.overrides():
-            raise ValueError(
-                f"{', '.join(sorted(self.overrides()))} cannot be set with init_from: pretraining "
-                f"continues {self.init_from} with its own config.json"
-            )
-        return self
-
-    def build(self, vocab_size: int, **extra: Any):
-        """The `AlbertConfig` for this section; model validation errors are reported as config errors."""
-        from albert_dist.model import AlbertConfig
-
-        try:
-            return AlbertConfig.from_preset(self.preset, vocab_size=vocab_size, **self.overrides(), **extra)
-        except ConfigError as err:
-            raise ConfigError(f"model: {err}") from None
-
-
-PretrainedModelSection.key_hints = dict.fromkeys(
-    set(ModelSection.model_fields) - set(PretrainedModelSection.model_fields),
-    "the model's shape is model.init_from's; fine-tuning can change its dropout",
-)
-
-
-class TokenizerSection(Section):
-    kind: Literal["sentencepiece", "wordpiece"] = Field(
-        "sentencepiece",
-        description="sentencepiece: spiece.model (English ALBERT); wordpiece: a BERT-Chinese "
-        "vocab.txt (one token per CJK character, WordPiece for Latin words).",
-    )
-    path: str | None = Field(
-        None,
-        description="An existing tokenizer (dir with spiece.model or vocab.txt, or the "
-        "file); when empty one is trained on the corpus.",
-    )
-    vocab_size: int = Field(8000, ge=16)
-    character_coverage: float = Field(0.99995, ge=0.98, le=1, description="SentencePiece only (it takes 0.98-1).")
-    input_sentence_size: int = Field(1_000_000, gt=0, description="Lines sampled from the corpus for training.")
-    model_type: Literal["unigram", "bpe"] = Field("unigram", description="SentencePiece only.")
-
-    _local_path = field_validator("path")(classmethod(lambda cls, value: local_path(value)))
-
-    @model_validator(mode="after")
-    def _options_fit_kind(self) -> TokenizerSection:
-        if self.kind == "wordpiece":
-            misplaced = changed_from_default(self, ("character_coverage", "model_type"))
-            if misplaced:
-                raise ValueError(f"{', '.join(misplaced)} apply to kind=sentencepiece only")
-        return self
-
-
-class MaskingSection(Section):
-    """Masked-LM masking, drawn at training time (pretraining's `masking:`). Pretraining's held-out evaluation
-    draws its fixed masks as the data was prepared (data prepare's `masking:`), so runs compare on the same ones,
-    and shows [MASK] at every one of them (no random or kept token a model could copy)."""
-
-    key_hints = {"static": "static masks are chosen when preparing the data: data prepare's masking.static"}
-
-    mlm_probability: float = Field(0.15, gt=0, lt=1)
-    max_predictions_per_seq: int = Field(20, gt=0)
-    max_ngram: int = Field(3, ge=1, le=10)
-    whole_word: bool = True
-    pad_to_multiple_of: int = Field(8, ge=1)
-
-
-class PrepareMaskingSection(MaskingSection):
-    """Data preparation's `masking:`: the settings recorded with the data, or with `static` the masks written."""
-
-    static: bool = Field(
-        False, description="Write masks with the data (google-research's setup) instead of drawing new ones each epoch."
-    )
-
-
-class PreparationSection(Section):
-    """How a corpus becomes SOP instances: `data:` of data preparation but the inputs (the demo's are its own)."""
-
-    format: Literal["auto", "sentences", "lines", "blocks", "jsonl", "parquet"] = Field(
-        "auto",
-        description="sentences: one sentence per line, blank line between documents (google-research); "
-        "lines: one document per line; blocks: blank-line separated documents; "
-        "jsonl/parquet: one document per record.",
-    )
-    text_field: str = "text"
-    language: Literal["auto", "en", "zh"] = "auto"
-    output: str = Field(
-        "data/prepared",
-        description="Prepared dataset directory (relative to run.output_dir), or a "
-        "URI (s3://bucket/prefix, gs://...; credentials from the "
-        "environment).",
-    )
-    max_seq_length: int = Field(128, ge=8, le=8192)
-    short_seq_prob: float = Field(0.1, ge=0, le=1)
-    dupe_factor: int = Field(1, ge=1)
-    eval_fraction: float = Field(0.02, ge=0, lt=1, description="Share of documents held out for evaluation.")
-    max_sentence_chars: int = Field(
-        2000, ge=16, description="Longer sentences (runaway lines) are cut into pieces of at most this many characters."
-    )
-    rows_per_shard: int = Field(50_000, gt=0)
-    tokenizer_actors: int | None = Field(
-        None,
-        ge=1,
-        description="Actors that segment, tokenize and build "
-        "instances; default one per CPU of the cluster "
-        "left after reading.",
-    )
-    range_bytes: int | None = Field(
-        None,
-        ge=1,
-        description="Files are read in ranges of about this many bytes, cut where a document ends, so "
-        "one big file is many tasks (a gzip file is one: it cannot be entered in the "
-        "middle); default: about four ranges per CPU of the cluster, 256 KiB to 64 MiB.",
-    )
-    word_segmenter: Literal["jieba"] | None = Field(
-        None, description="jieba: whole-word masking of Chinese words (else each CJK character is a word)."
-    )
-    user_dict: str | None = Field(None, description="A jieba user dictionary (one 'word [freq] [tag]' a line).")
-    seed: int = 12345
-
-    @field_validator("output")
-    @classmethod
-    def _output_uri_names_a_prefix(cls, output: str) -> str:
-        refuse_uri_credentials(output)
-        if is_uri(output) and not output.startswith("file://") and "/" not in uri_path(output).strip("/"):
-            raise ValueError(
-                "name a prefix inside the bucket (s3://bucket/prefix): publishing replaces everything under it"
-            )
-        return output
-
-    @model_validator(mode="after")
-    def _user_dict_needs_segmenter(self) -> PreparationSection:
-        if self.user_dict and self.word_segmenter is None:
-            raise ValueError("user_dict needs word_segmenter: jieba")
-        return self
-
-
-class DataSection(PreparationSection):
-    """`albert-dist data prepare`'s `data:`."""
-
-    inputs: list[str] = Field(default_factory=list, description="Files, directories or globs (.gz allowed).")
-
-    @field_validator("inputs")
-    @classmethod
-    def _inputs_without_secrets(cls, inputs: list[str]) -> list[str]:
-        for item in inputs:
-            refuse_uri_credentials(item)
-        return inputs
-
-
-class PretrainDataSection(Section):
-    """Pretraining's `data:`: which prepared dataset, and how to read it."""
-
-    output: str = Field(
-        "data/prepared",
-        description="The prepared dataset (data prepare's data.output; relative to run.output_dir, or a URI).",
-    )
-    cache: Literal["auto", "memory", "stream"] = Field(
-        "auto",
-        description="How pretraining reads the prepared data. memory: once, into Ray's object store (an "
-        "epoch starts in under a second); stream: the Parquet shards again every epoch and "
-        "evaluation (seconds each; holds no memory); auto: memory when the data takes at most "
-        "a fifth of the object store.",
-    )
-    packing: bool = Field(
-        False,
-        description="Pack several instances into each row up to max_seq_length (attention, positions and "
-        "SOP kept per instance; same losses as unpacked): fewer rows of padding to compute. "
-        "benchmarks/bench_packing.py measures the gain.",
-    )
-
-
-PretrainDataSection.key_hints = dict.fromkeys(
-    set(DataSection.model_fields) - set(PretrainDataSection.model_fields),
-    "a key of data prepare: pretraining reads the prepared data data.output names",
-)
-
-
 class ScalingSection(Section):
     num_workers: int = Field(2, ge=1)
     use_gpu: bool = False
@@ -351,42 +128,6 @@ class ScalingSection(Section):
     def worker_range(self) -> tuple[int, int]:
         """(fewest, most) workers the run trains on."""
         return self.num_workers, self.num_workers
-
-
-class PretrainScalingSection(ScalingSection):
-    """Pretraining's `scaling:`, whose workers may come and go (spot instances) without changing the run."""
-
-    num_workers: PositiveInt | tuple[PositiveInt, PositiveInt] = Field(
-        2,
-        description="Workers, or [min, max]: an elastic run that trains on as many as the cluster has room for "
-        "and grows back when nodes return. Its global batch stays train.batch_size × max × "
-        "train.grad_accum_steps whatever the count (a worker trains max/count of the micro-batches).",
-    )
-    resize_check_s: float = Field(
-        60.0,
-        gt=0,
-        description="How often an elastic run looks for room to grow back into (a restart from its latest checkpoint).",
-    )
-
-    @field_validator("num_workers")
-    @classmethod
-    def _range_in_order(cls, value):
-        if isinstance(value, tuple) and not value[0] <= value[1]:
-            raise ValueError(f"[min, max] workers with min > max: {list(value)}")
-        return value
-
-    @model_validator(mode="after")
-    def _resize_check_needs_a_range(self) -> PretrainScalingSection:
-        fewest, most = self.worker_range
-        if fewest == most and changed_from_default(self, ["resize_check_s"]):
-            raise ValueError(
-                "resize_check_s is how often an elastic run looks for room to grow: set num_workers to [min, max]"
-            )
-        return self
-
-    @property
-    def worker_range(self) -> tuple[int, int]:
-        return self.num_workers if isinstance(self.num_workers, tuple) else super().worker_range
 
 
 class TrainBase(Section):
@@ -468,112 +209,6 @@ class TrainSection(TrainBase):
     _warmup_fits = model_validator(mode="after")(_warmup_fits)
 
 
-class PhaseSection(Section):
-    """One phase of a sequence-length schedule (`train.phases`): its data, steps and batch size."""
-
-    data: str | None = Field(
-        None,
-        description="The prepared dataset this phase trains on (as data.output: "
-        "relative to run.output_dir, or a URI); default data.output.",
-    )
-    steps: int = Field(gt=0)
-    batch_size: int | None = Field(None, gt=0, description="Per worker, per micro-batch; default train.batch_size.")
-    max_seq_length: int | None = Field(
-        None,
-        gt=0,
-        description="The sequence length the phase's data must have been prepared at (checked before training).",
-    )
-
-    _data_without_secrets = field_validator("data")(classmethod(lambda cls, value: without_credentials(value)))
-
-
-class PretrainTrainSection(TrainBase):
-    """Pretraining's `train:` (albert-dist pretrain's, the demo's): the loop's settings (`loop_settings`) plus what
-    the pretraining task reads, the held-out batches, the plateau warning and the sequence-length phases."""
-
-    key_hints = {
-        f"lr_range_{key}": f"the learning-rate range test is albert-dist pretrain's own section: lr_range.{key}"
-        for key in ("test", "steps", "min", "max")
-    }
-
-    warmup_steps: int = Field(100, ge=0)
-    eval_batches: int = Field(
-        20,
-        gt=0,
-        description="Evaluation reads this many batches of batch_size held-out sequences (in all, not per worker).",
-    )
-    publish: Literal["best", "last"] = Field(
-        "last",
-        description="The model published as <run>/model: the last step's (the best evaluation's kept in "
-        "<run>/best_model too), or the best evaluation's.",
-    )
-    plateau_warning_after: float | None = Field(
-        0.25,
-        ge=0,
-        le=1,
-        description="Share of max_steps after which an evaluation whose held-out MLM accuracy is "
-        "still within a point of the unigram baseline prints a warning, once; null "
-        "disables it.",
-    )
-
-    phases: list[PhaseSection] = Field(
-        default_factory=list,
-        description="Train in phases, each on its own prepared data (google-research and "
-        "NVIDIA: most steps at 128 tokens, the rest at 512), one after the "
-        "other; max_steps is their sum. Evaluation reads data.output's held-out "
-        "split throughout. Empty: every step on data.output.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _max_steps_from_phases(cls, values: Any) -> Any:
-        """max_steps left at its default becomes the phases' sum (a config's defaults are filled in before it is
-        validated, so "left at its default" is all that can be told)."""
-        default = cls.model_fields["max_steps"].default
-        if isinstance(values, dict) and values.get("phases") and values.get("max_steps", default) == default:
-            try:
-                values = {**values, "max_steps": sum(_phase_steps(phase) for phase in values["phases"])}
-            except (TypeError, KeyError, AttributeError):
-                pass  # field validation names what is wrong with the phases
-        return values
-
-    _warmup_fits = model_validator(mode="after")(_warmup_fits)
-
-    @model_validator(mode="after")
-    def _phases_fill_the_run(self) -> PretrainTrainSection:
-        total = sum(phase.steps for phase in self.phases)
-        if self.phases and total != self.max_steps:
-            raise ValueError(
-                f"the phases' steps add up to {total}, max_steps is {self.max_steps}: leave max_steps "
-                f"at its default (it becomes the phases' sum) or make them agree"
-            )
-        return self
-
-    def loop_settings(self) -> TrainSection:
-        """The fields the training loop reads (the rest are the task's and the driver's)."""
-        return TrainSection.model_validate(self.model_dump(include=set(TrainSection.model_fields)))
-
-
-class LrRangeSection(Section):
-    """`albert-dist pretrain`'s learning-rate range test, run instead of training when `test` is true: `steps`
-    steps of train.optimizer, the rate growing exponentially from `min` to `max`."""
-
-    test: bool = Field(
-        False,
-        description="Instead of training, run the test, print loss against rate and a suggested "
-        "train.learning_rate, log the plot to MLflow.",
-    )
-    steps: int = Field(100, ge=5)
-    min: float = Field(1e-5, gt=0)
-    max: float = Field(1.0, gt=0)
-
-    @model_validator(mode="after")
-    def _range_ordered(self) -> LrRangeSection:
-        if self.min >= self.max:
-            raise ValueError(f"min ({self.min}) must be below max ({self.max})")
-        return self
-
-
 class TrackingSection(Section):
     tracking_uri: str | None = Field(
         None, description="Default: $MLFLOW_TRACKING_URI, else a SQLite file under run.output_dir."
@@ -597,55 +232,12 @@ class TrackingSection(Section):
         return f"sqlite:///{db}"
 
 
-class DataJobConfig(Section):
-    """`albert-dist data prepare`."""
-
-    run: OutputSection = Field(default_factory=OutputSection)
-    data: DataSection = Field(default_factory=DataSection)
-    tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
-    masking: PrepareMaskingSection = Field(default_factory=PrepareMaskingSection)
-
-    @model_validator(mode="after")
-    def _no_option_without_effect(self) -> DataJobConfig:
-        """Training options with a given tokenizer, masking options without static masks, would be ignored."""
-        trained = changed_from_default(
-            self.tokenizer, ("vocab_size", "character_coverage", "input_sentence_size", "model_type")
-        )
-        if self.tokenizer.path and trained:
-            raise ValueError(
-                f"tokenizer.{', tokenizer.'.join(trained)}: options of training a tokenizer, and "
-                f"tokenizer.path gives one"
-            )
-        masking = changed_from_default(self.masking, MaskingSection.model_fields)
-        if masking and not self.masking.static:
-            raise ValueError(
-                f"masking.{', masking.'.join(masking)}: options of static masks (masking.static: "
-                "true); pretraining's masking: section sets the masks it draws"
-            )
-        return self
-
-
 class TrainingJobConfig(Section):
     """The sections of every job that trains on Ray Train, tracked in MLflow."""
 
     run: TrainingRunSection = Field(default_factory=TrainingRunSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
-
-
-class PretrainJobConfig(TrainingJobConfig):
-    """`albert-dist pretrain`: `data.output` names the prepared dataset to train on."""
-
-    scaling: PretrainScalingSection = Field(default_factory=PretrainScalingSection)
-    model: ModelSection = Field(default_factory=ModelSection)
-    data: PretrainDataSection = Field(default_factory=PretrainDataSection)
-    masking: MaskingSection = Field(default_factory=MaskingSection)
-    train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
-    lr_range: LrRangeSection = Field(default_factory=LrRangeSection)
-
-
-def _phase_steps(phase: Any) -> int:
-    return int(phase.steps if isinstance(phase, PhaseSection) else phase["steps"])
 
 
 def changed_from_default(section: BaseModel, names) -> list[str]:

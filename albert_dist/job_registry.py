@@ -56,7 +56,7 @@ JOBS = {
         Job(
             "prepare_data",
             ("data", "prepare"),
-            "albert_dist.config:DataJobConfig",
+            "albert_dist.data.config:DataJobConfig",
             "albert_dist.data.prepare:PREPARE_DATA",
             "read, split, tokenize and write SOP instances as Parquet shards",
             ("jobs.prepare_data",),
@@ -64,8 +64,8 @@ JOBS = {
         Job(
             "pretrain",
             ("pretrain",),
-            "albert_dist.config:PretrainJobConfig",
-            "albert_dist.pretrain:PRETRAIN",
+            "albert_dist.pretrain.config:PretrainJobConfig",
+            "albert_dist.pretrain.job:PRETRAIN",
             "pretrain ALBERT (MLM + SOP) on Ray Train",
             ("jobs.pretrain",),
         ),
@@ -104,8 +104,8 @@ JOBS = {
         Job(
             "demo",
             ("demo",),
-            "albert_dist.demo:DemoJobConfig",
-            "albert_dist.demo:DEMO",
+            "albert_dist.demo.config:DemoJobConfig",
+            "albert_dist.demo.job:DEMO",
             "the whole pipeline on a small corpus of Python docstrings, end to end",
             ("jobs.demo",),
         ),

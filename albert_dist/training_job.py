@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_dist import run_lock, tracking
 from albert_dist.config import ScalingSection, TrainSection, flatten
 from albert_dist.storage import fetch_dir
-from albert_dist.train import checkpointing
+from albert_dist.tracking import run as tracking
+from albert_dist.train import checkpointing, run_lock
 from albert_dist.train.loop import TaskSpec
 
 
@@ -123,7 +123,7 @@ def run_job(job: TrainingJob, cfg, callbacks: list | None = None) -> JobOutcome:
     """Run the job `job` with the validated config `cfg`; `callbacks` are Ray Train callbacks (a sweep's trial
     passes Tune's report callback)."""
     with run_lock.run_lock(cfg.run.run_dir):
-        from albert_dist.ray_init import ensure_ray
+        from albert_dist.cluster.ray_init import ensure_ray
         from albert_dist.train.ray_runner import run_training, training_data_context
 
         ensure_ray()

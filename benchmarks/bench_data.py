@@ -26,7 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def generate_corpus(directory: Path, megabytes: float, files: int, seed: int) -> list[Path]:
     """Documents of 3-40 stdlib-docstring sentences drawn at random, blank-line separated, over `files` files."""
     from albert_dist.data.sentences import split_sentences
-    from albert_dist.demo_corpus import stdlib_documents
+    from albert_dist.demo.corpus import stdlib_documents
 
     sentences = [s for doc in stdlib_documents() for s in split_sentences(doc, "en") if len(s) > 20]
     rng = np.random.default_rng(seed)
@@ -45,9 +45,9 @@ def generate_corpus(directory: Path, megabytes: float, files: int, seed: int) ->
 
 
 def bench_prepare(paths: list[Path], work: Path, args) -> tuple[dict, Path]:
-    from albert_dist.config import DataJobConfig
+    from albert_dist.data.config import DataJobConfig
     from albert_dist.data.prepare import prepare_dataset
-    from albert_dist.tokenizer import train_sentencepiece
+    from albert_dist.tokenizer.training import train_sentencepiece
 
     started = time.perf_counter()
     tok_dir = work / "spm"

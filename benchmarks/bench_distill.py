@@ -16,6 +16,7 @@ import platform
 
 import torch
 
+from albert_dist.data import batching
 from albert_dist.finetune import inference
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 
@@ -36,7 +37,6 @@ def random_batch(batch_size: int, seq_len: int, vocab_size: int) -> dict[str, to
 
 
 def dev_comparison(args) -> None:
-    from albert_dist.finetune import data
     from albert_dist.finetune.config import TaskDataSection
     from albert_dist.finetune.job import prepare_task_data
 
@@ -52,7 +52,7 @@ def dev_comparison(args) -> None:
         max_seq_length=args.seq_len,
     )
     dev = prepare_task_data(section, "classification", args.teacher, label_names=names).splits["dev"]
-    batch = next(data.batches(dev, args.batch_size, 8))
+    batch = next(batching.batches(dev, args.batch_size, 8))
     for precision in args.precisions.split(","):
         t_metrics = inference.evaluate(teacher, dev, task="classification", precision=precision)
         s_metrics = inference.evaluate(student, dev, task="classification", precision=precision)

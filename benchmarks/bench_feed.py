@@ -75,8 +75,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     args = parser.parse_args()
 
+    from albert_dist.cluster.ray_init import ensure_ray
     from albert_dist.data.loading import load_prepared
-    from albert_dist.ray_init import ensure_ray
 
     ensure_ray()
     with tempfile.TemporaryDirectory() as tmp:

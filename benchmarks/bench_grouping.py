@@ -22,9 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from albert_dist.finetune import data, inference
+from albert_dist.data import batching
+from albert_dist.finetune import inference
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
-from albert_dist.tokenizer import load_tokenizer, train_sentencepiece
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+from albert_dist.tokenizer.training import train_sentencepiece
 from albert_dist.train import optim
 
 FORTUNES = Path("/usr/share/games/fortunes")
@@ -51,12 +53,12 @@ def encode(texts: list[str], labels: np.ndarray, max_seq_length: int, vocab_size
     corpus.write_text("\n".join(texts) + "\n")
     train_sentencepiece(corpus, workdir / "tokenizer", vocab_size, progress=lambda _: None)
     tokenizer = load_tokenizer(workdir / "tokenizer")
-    arrays = data.encode_texts(tokenizer, texts, None, max_seq_length)
-    return data.EncodedSplit({**arrays, "label": labels}), tokenizer.vocab_size
+    arrays = batching.encode_texts(tokenizer, texts, None, max_seq_length)
+    return batching.EncodedSplit({**arrays, "label": labels}), tokenizer.vocab_size
 
 
 def train_rates(
-    model, encoded: data.EncodedSplit, orders: dict[str, np.ndarray], batch_size: int, steps: int, rounds: int
+    model, encoded: batching.EncodedSplit, orders: dict[str, np.ndarray], batch_size: int, steps: int, rounds: int
 ) -> dict[str, float]:
     """Median training examples/s of each order: per round, `steps` batches spread evenly over the epoch."""
     optimizer = optim.build_optimizer(
@@ -71,7 +73,7 @@ def train_rates(
     count = len(encoded) // batch_size
     batches = {
         name: [
-            data.collate({k: v[order[i * batch_size : (i + 1) * batch_size]] for k, v in encoded.arrays.items()}, 8)
+            batching.collate({k: v[order[i * batch_size : (i + 1) * batch_size]] for k, v in encoded.arrays.items()}, 8)
             for i in range(count)
         ]
         for name, order in orders.items()
@@ -101,10 +103,10 @@ def train_rates(
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
-def predict_rates(model, encoded: data.EncodedSplit, batch_size: int, rounds: int) -> dict[str, float]:
+def predict_rates(model, encoded: batching.EncodedSplit, batch_size: int, rounds: int) -> dict[str, float]:
     """Median rows/s of prediction over the whole split: input order against sorted by length (then restored)."""
     runs = {
-        "input order": lambda: inference.predict_logits(model, data.batches(encoded, batch_size, 8)),
+        "input order": lambda: inference.predict_logits(model, batching.batches(encoded, batch_size, 8)),
         "sorted": lambda: inference.split_logits(model, encoded, batch_size),
     }
     rates = {name: [] for name in runs}
@@ -116,7 +118,7 @@ def predict_rates(model, encoded: data.EncodedSplit, batch_size: int, rounds: in
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
-def mean_width(encoded: data.EncodedSplit, order: np.ndarray, batch_size: int) -> float:
+def mean_width(encoded: batching.EncodedSplit, order: np.ndarray, batch_size: int) -> float:
     lengths = encoded.arrays["length"][order]
     return float(np.mean([-(-lengths[i : i + batch_size].max() // 8) * 8 for i in range(0, len(order), batch_size)]))
 
@@ -144,7 +146,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     orders = {
         "random": rng.permutation(len(encoded)),
-        "grouped": data.length_grouped_order(lengths, args.batch_size, np.random.default_rng(0)),
+        "grouped": batching.length_grouped_order(lengths, args.batch_size, np.random.default_rng(0)),
     }
     print(
         f"fortunes: {len(encoded)} texts in {len(CATEGORIES)} classes, tokens p10/p50/p90/max "
@@ -163,7 +165,7 @@ def main() -> None:
         f"ratio {rates['grouped'] / rates['random']:.2f}x",
         flush=True,
     )
-    subset = data.EncodedSplit({k: v[: args.predict_rows] for k, v in encoded.arrays.items()})
+    subset = batching.EncodedSplit({k: v[: args.predict_rows] for k, v in encoded.arrays.items()})
     predicted = predict_rates(model, subset, 64, args.rounds)
     print(
         f"prediction rows/s ({len(subset)} rows, batch 64): input order {predicted['input order']:.1f}, sorted "

@@ -45,7 +45,7 @@ def timed_steps(task, model, optimizer, batches: list[tuple[int, dict]]) -> tupl
 
 def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain_task import SHUFFLE_BUFFER
+    from albert_dist.pretrain.task import SHUFFLE_BUFFER
     from albert_dist.train.feed import rank_batches
 
     data_dir = prepare(root, seq)
@@ -107,7 +107,7 @@ def main() -> None:
 
     from ray.data import DataContext
 
-    from albert_dist.ray_init import start_local_ray
+    from albert_dist.cluster.ray_init import start_local_ray
 
     start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     DataContext.get_current().enable_progress_bars = False

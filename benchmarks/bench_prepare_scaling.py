@@ -59,7 +59,7 @@ def write_corpus(name: str, path: Path, megabytes: float) -> Path:
 
 
 def train_tokenizer(kind: str, corpus: Path, out: Path, vocab_size: int) -> Path:
-    from albert_dist.tokenizer import train_sentencepiece, train_wordpiece
+    from albert_dist.tokenizer.training import train_sentencepiece, train_wordpiece
 
     train = train_wordpiece if kind == "wordpiece" else train_sentencepiece
     train([corpus], out, vocab_size, input_sentence_size=200_000, progress=lambda _: None)
@@ -69,7 +69,7 @@ def train_tokenizer(kind: str, corpus: Path, out: Path, vocab_size: int) -> Path
 def prepare(
     corpus: Path, tokenizer: Path, kind: str, segmenter: str | None, actors: int, range_bytes: int | None, work: Path
 ) -> dict:
-    from albert_dist.config import DataJobConfig
+    from albert_dist.data.config import DataJobConfig
     from albert_dist.data.prepare import prepare_dataset
 
     cfg = DataJobConfig.model_validate(
@@ -95,7 +95,7 @@ def per_core(corpus: Path, tokenizer: Path, kind: str, segmenter: str | None) ->
     from albert_dist.data.instances import InstanceSpec
     from albert_dist.data.process import DocumentProcessor, ProcessSettings
     from albert_dist.data.readers import parse_file
-    from albert_dist.tokenizer import load_tokenizer
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     settings = ProcessSettings(

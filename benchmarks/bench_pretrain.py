@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, ScalingSection, TrainSection, load_config
+from albert_dist.config import ScalingSection, TrainSection, load_config
+from albert_dist.data.config import DataJobConfig
+from albert_dist.pretrain.config import PretrainJobConfig
 
 
 def matmul_peak_tflops(precision: str, size: int = 2048, repeats: int = 5) -> float:
@@ -35,7 +37,7 @@ def matmul_peak_tflops(precision: str, size: int = 2048, repeats: int = 5) -> fl
 
 def prepare(root: Path, max_seq_length: int) -> Path:
     from albert_dist.data.prepare import prepare_dataset
-    from albert_dist.demo_corpus import write_stdlib_corpus
+    from albert_dist.demo.corpus import write_stdlib_corpus
 
     corpus = write_stdlib_corpus(root / "corpus.txt", max_chars=1_500_000)
     cfg = load_config(
@@ -58,7 +60,7 @@ def prepare(root: Path, max_seq_length: int) -> Path:
 def pretraining_task(data_dir: Path, args):
     """The pretraining job's task on `data_dir` with the `args` preset and batch size, and the prepared data."""
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import pretraining_spec
+    from albert_dist.pretrain.job import pretraining_spec
 
     prepared = load_prepared(data_dir)
     cfg = load_config(PretrainJobConfig, None, [f"model.preset={args.preset}", f"train.batch_size={args.batch_size}"])

@@ -18,7 +18,7 @@ as `zh-<seq>-<vocab>`; evaluation reads the `--seq` data's held-out split):
         --arm "phased='train.phases=[{data: zh-64-8000-for128, steps: 540}, {steps: 60}]'"
 
 Corpora (`--corpus`): `zh` is Debian's fortunes-zh `chinese` file as blank-line separated documents (`--zh-path`;
-benchmarks/README.md rebuilds it), `en` the standard-library docstrings `albert_dist.demo_corpus` extracts, and
+benchmarks/README.md rebuilds it), `en` the standard-library docstrings `albert_dist.demo.corpus` extracts, and
 any other value the path of a text file of blank-line separated documents, such as the Chinese manual pages and
 Python's documentation that `benchmarks/corpora.py` writes.
 `--also-eval-masking` scores every evaluation a second time on other fixed masks, e.g. single-token masks as
@@ -38,7 +38,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
+from albert_dist.pretrain.config import PretrainJobConfig
 
 THRESHOLDS = {"eval_mlm_accuracy": (0.20, 0.30), "eval_sop_accuracy": (0.65, 0.75)}
 
@@ -83,7 +85,7 @@ def prepare(
     if (out / "manifest.json").exists():
         return out
     if corpus == "en":
-        from albert_dist.demo_corpus import write_stdlib_corpus
+        from albert_dist.demo.corpus import write_stdlib_corpus
 
         source, fmt = str(write_stdlib_corpus(root / "stdlib_docstrings.txt", 2_000_000)), "blocks"
     else:
@@ -108,7 +110,7 @@ def prepare(
 
 def run_arm(name: str, overrides: list[str], data_dir: Path, args) -> dict:
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import open_phases, pretraining_model_config, pretraining_spec
+    from albert_dist.pretrain.job import open_phases, pretraining_model_config, pretraining_spec
     from albert_dist.train.loop import Trainer, WorkerEnv
 
     prepared = load_prepared(data_dir)
@@ -232,7 +234,7 @@ def first_step_sizes(data_dir: Path, args) -> None:
     import statistics
 
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import pretraining_spec
+    from albert_dist.pretrain.job import pretraining_spec
     from albert_dist.train import optim
 
     prepared = load_prepared(data_dir)

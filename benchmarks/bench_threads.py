@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args()
 
-    from albert_dist.ray_init import start_local_ray
+    from albert_dist.cluster.ray_init import start_local_ray
 
     start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=True, configure_logging=False)
     scaling = ScalingSection(num_workers=2, cpus_per_worker=0.5)

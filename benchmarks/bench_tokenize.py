@@ -32,7 +32,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from albert_dist.data.sentences import split_sentences  # noqa: E402
-from albert_dist.tokenizer import albert_preprocess, load_tokenizer, train_sentencepiece, train_wordpiece  # noqa: E402
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+from albert_dist.tokenizer.backends import albert_preprocess
+from albert_dist.tokenizer.training import train_sentencepiece, train_wordpiece
 
 
 def sentences_of(path: Path, limit: int) -> list[str]:
@@ -133,7 +135,7 @@ def main() -> None:
                 },
                 args.repeats,
             )
-        from albert_dist.demo_corpus import write_stdlib_corpus
+        from albert_dist.demo.corpus import write_stdlib_corpus
 
         corpus = write_stdlib_corpus(tmp / "en.txt", max_chars=args.en_chars)
         en = sentences_of(corpus, args.sentences)

@@ -59,7 +59,7 @@ def start_ray(attempts: int = 10, pause_s: float = 30.0) -> None:
     import psutil
     import ray
 
-    from albert_dist.ray_init import start_local_ray
+    from albert_dist.cluster.ray_init import start_local_ray
 
     for attempt in range(attempts):
         before = {child.pid for child in psutil.Process().children(recursive=True)}
@@ -104,8 +104,9 @@ def run_ours(args, work: Path, train_text: Path) -> dict:
     started = time.perf_counter()
     cli("pretrain", "--config", REPO / "jobs/configs" / pretrain, *common, "--set", f"run.name={name}", *overrides)
     seconds = time.perf_counter() - started
-    from albert_dist.config import PretrainJobConfig, load_config
+    from albert_dist.config import load_config
     from albert_dist.data.loading import load_prepared
+    from albert_dist.pretrain.config import PretrainJobConfig
 
     cfg = load_config(PretrainJobConfig, REPO / "jobs" / "configs" / pretrain, list(args.ours_set))
     steps = cfg.train.max_steps

@@ -63,7 +63,7 @@ def bench_processor(docs: list[str], tokenizer, rounds: int) -> dict[str, float]
 
 
 def data_config(corpus: Path, work: Path, tokenizer_dir: Path, arm: str, max_seq_length: int, name: str):
-    from albert_dist.config import DataJobConfig
+    from albert_dist.data.config import DataJobConfig
 
     return DataJobConfig.model_validate(
         {
@@ -100,8 +100,8 @@ def bench_prepare(corpus: Path, work: Path, tokenizer_dir: Path, rounds: int, ma
 
 
 def pretrain_arm(work: Path, arm: str, steps: int, batch_size: int) -> Path:
-    from albert_dist.config import PretrainJobConfig
-    from albert_dist.pretrain import pretrain
+    from albert_dist.pretrain.config import PretrainJobConfig
+    from albert_dist.pretrain.job import pretrain
 
     cfg = PretrainJobConfig.model_validate(
         {
@@ -196,7 +196,8 @@ def main() -> None:
 
     import tempfile
 
-    from albert_dist.tokenizer import load_tokenizer, train_wordpiece
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+    from albert_dist.tokenizer.training import train_wordpiece
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-zh-"))
     tokenizer_dir = work / "vocab"

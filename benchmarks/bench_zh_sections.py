@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--max-seq-length", type=int, default=32)
     args = parser.parse_args()
 
-    from albert_dist.demo import random_init_like
+    from albert_dist.demo.job import random_init_like
     from albert_dist.finetune.job import finetune
 
     random_init = random_init_like(args.pretrained, args.out_dir / "random-init" / "model", seed=0)

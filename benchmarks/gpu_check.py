@@ -32,7 +32,7 @@ from albert_dist.data.packing import pack_batch
 from albert_dist.finetune import inference
 from albert_dist.finetune.distill import DistillationModel, distillation_loss
 from albert_dist.model import AlbertConfig, AlbertForPreTraining, AlbertForSequenceClassification
-from albert_dist.pretrain_task import PretrainingTask
+from albert_dist.pretrain.task import PretrainingTask
 from albert_dist.train.loop import Trainer, TrainingTask, WorkerEnv
 
 TINY = dict(

@@ -158,8 +158,8 @@ def main() -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     transparent = frozenset(args.transparent)
     from albert_dist import cli
-    from albert_dist.demo_corpus import write_stdlib_corpus
-    from albert_dist.ray_init import start_local_ray
+    from albert_dist.cluster.ray_init import start_local_ray
+    from albert_dist.demo.corpus import write_stdlib_corpus
 
     root = Path(tempfile.mkdtemp(prefix="trace-pretrain-"))
     corpus = write_stdlib_corpus(root / "corpus.txt", 60_000)

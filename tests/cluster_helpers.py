@@ -124,7 +124,7 @@ def loopback_cluster():
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    from albert_dist.ray_init import LOOPBACK_FLAG
+    from albert_dist.cluster.ray_init import LOOPBACK_FLAG
 
     os.environ[LOOPBACK_FLAG], ray_constants.ENABLE_RAY_CLUSTER = "0", False
 
@@ -140,7 +140,7 @@ def connect(cluster) -> None:
     cluster, and the training rendezvous rank 0 serves on loopback (torch's default is every interface)."""
     import ray
 
-    from albert_dist.ray_init import LOCAL_WORKER_HOOK
+    from albert_dist.cluster.ray_init import LOCAL_WORKER_HOOK
 
     ray.init(address=cluster.address, log_to_driver=True, runtime_env={"worker_process_setup_hook": LOCAL_WORKER_HOOK})
 

@@ -8,7 +8,7 @@ import os
 import process_helpers
 import pytest
 
-from albert_dist import ray_init
+from albert_dist.cluster import ray_init
 
 # Always a private Ray for the session: never attach to a cluster another test (or person) started on the machine.
 os.environ["RAY_ADDRESS"] = "local"
@@ -151,7 +151,7 @@ def ordered_ray_data(ray_session):
 @pytest.fixture(scope="session")
 def stdlib_corpus(tmp_path_factory):
     """About 600 kB of standard-library docstrings, blank-line separated documents."""
-    from albert_dist.demo_corpus import write_stdlib_corpus
+    from albert_dist.demo.corpus import write_stdlib_corpus
 
     return write_stdlib_corpus(tmp_path_factory.mktemp("corpus") / "stdlib.txt", max_chars=600_000)
 

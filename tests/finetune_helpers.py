@@ -80,7 +80,7 @@ def tiny_model_dir(directory: Path, tokenizer_dir: Path, **overrides) -> Path:
     import torch
 
     from albert_dist.model import AlbertConfig, AlbertForPreTraining
-    from albert_dist.tokenizer import load_tokenizer
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     torch.manual_seed(0)

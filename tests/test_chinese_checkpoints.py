@@ -151,7 +151,7 @@ def test_voidful_layout_reads_with_transformers_ids_and_outputs(workspace):
     import transformers
 
     from albert_dist.model import AlbertModel
-    from albert_dist.tokenizer import load_tokenizer
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
     directory = workspace / "albert_chinese_small"
     ours = load_tokenizer(directory)
@@ -171,7 +171,7 @@ def test_lcqmc_finetune_from_voidful_layout_exports_for_transformers(lcqmc, work
 
     from albert_dist.finetune.predict import run_predict
     from albert_dist.model import AlbertForSequenceClassification
-    from albert_dist.tokenizer import load_tokenizer
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
     assert lcqmc.label_names == ["0", "1"] and "dev_accuracy" in lcqmc.metrics
     hf_tok = transformers.AutoTokenizer.from_pretrained(lcqmc.model_dir)

@@ -11,8 +11,10 @@ import pytest
 from chinese_helpers import ZH_SENTENCES, zh_corpus
 from export_helpers import assert_transformers_reads_export
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
 from albert_dist.errors import ConfigError, DataError
+from albert_dist.pretrain.config import PretrainJobConfig
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +83,7 @@ def test_user_dict_is_read_and_checked(prepared, tmp_path):
 
 
 def test_pretrain_zh_runs_and_exports_for_transformers(prepared, ray_session):
-    from albert_dist.pretrain import pretrain
+    from albert_dist.pretrain.job import pretrain
 
     root, cfg, _, data = prepared
     pretrain_cfg = load_config(

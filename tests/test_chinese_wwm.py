@@ -12,7 +12,9 @@ from albert_dist.data.instances import InstanceSpec
 from albert_dist.data.masking import IGNORE_INDEX, MaskingCollator, batch_rng
 from albert_dist.data.process import DocumentProcessor, ProcessSettings
 from albert_dist.data.segment import CJK, JiebaSegmenter, word_starts
-from albert_dist.tokenizer import albert_preprocess, load_tokenizer, train_sentencepiece, train_wordpiece
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+from albert_dist.tokenizer.backends import albert_preprocess
+from albert_dist.tokenizer.training import train_sentencepiece, train_wordpiece
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +171,7 @@ def _padded(ids: list[np.ndarray], flags: list[np.ndarray]):
 
 
 def _masking(**overrides):
-    from albert_dist.config import MaskingSection
+    from albert_dist.data.config import MaskingSection
 
     return MaskingSection(**overrides)
 

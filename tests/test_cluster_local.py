@@ -29,7 +29,7 @@ from finetune_helpers import single_rows, write_csv
 from mlflow.exceptions import MlflowException
 from process_helpers import beyond_loopback, listeners_of, listeners_sampled, train_workers_of, wait_until_gone
 
-from albert_dist.jobs_client import auth_headers
+from albert_dist.cluster.submit import auth_headers
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 

@@ -1,7 +1,9 @@
 import pytest
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, apply_overrides, flatten, load_config
+from albert_dist.config import apply_overrides, flatten, load_config
+from albert_dist.data.config import DataJobConfig
 from albert_dist.errors import ConfigError
+from albert_dist.pretrain.config import PretrainJobConfig
 from albert_dist.storage import resolve_location, resolve_path
 
 
@@ -87,7 +89,7 @@ def test_relative_paths_do_not_depend_on_the_job_working_dir(tmp_path, monkeypat
 
 
 def test_override_keeps_the_job_s_own_section_defaults():
-    from albert_dist.demo import DemoJobConfig
+    from albert_dist.demo.config import DemoJobConfig
 
     cfg = load_config(DemoJobConfig, None, ["run.output_dir=/tmp/x", "train.max_steps=500"])
     assert cfg.run.name == "demo" and cfg.run.output_dir == "/tmp/x"
@@ -198,7 +200,7 @@ def test_phases_give_max_steps_or_must_agree_with_it(tmp_path):
 def test_every_config_section_is_at_most_two_levels_below_section():
     """A reader finds a key in the section they opened or its one parent: no section of any job config inherits
     from a class that itself inherits from another section class."""
-    import albert_dist.demo
+    import albert_dist.demo.job
     import albert_dist.finetune.config
     import albert_dist.tune.config
     from albert_dist.config import Section

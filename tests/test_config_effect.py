@@ -20,7 +20,8 @@ from effect_helpers import Together, keys_without_effect, leaf_keys
 from finetune_helpers import pair_rows, tiny_model_dir, write_csv
 from pydantic import Field
 
-from albert_dist.config import DataJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
 from albert_dist.errors import ConfigError
 
 TRACKING = {
@@ -53,7 +54,7 @@ REFUSED = {"distill": {"data.labels": "distillation learns the teacher's labels"
 def inputs(tmp_path_factory, stdlib_corpus):
     """A tokenizer, two tiny models on it (and each as a teacher of the labels no and yes), task files with two
     texts, two label columns and a numeric score."""
-    from albert_dist.tokenizer import train_sentencepiece
+    from albert_dist.tokenizer.training import train_sentencepiece
 
     root = tmp_path_factory.mktemp("effect")
     corpus = root / "corpus.txt"
@@ -107,7 +108,7 @@ def prepared(inputs, ray_session):
 def teacher(model_dir: Path, directory: Path) -> Path:
     """`model_dir` as a classifier of the labels no and yes (a teacher of distillation)."""
     from albert_dist.model import AlbertForSequenceClassification
-    from albert_dist.tokenizer import load_tokenizer
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
     AlbertForSequenceClassification.from_pretrained(
         model_dir, num_labels=2, id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1}
@@ -121,8 +122,8 @@ def common(root: Path) -> dict[str, Any]:
 
 
 def test_every_pretraining_key_changes_the_plan(prepared):
-    from albert_dist.config import PretrainJobConfig
-    from albert_dist.pretrain import PRETRAIN
+    from albert_dist.pretrain.config import PretrainJobConfig
+    from albert_dist.pretrain.job import PRETRAIN
 
     cfg = load_config(
         PretrainJobConfig,

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from effect_helpers import keys_without_effect, leaf_keys
 
-from albert_dist.config import DataJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ def mixed_corpus(tmp_path_factory, stdlib_corpus):
 
     from chinese_helpers import zh_corpus
 
-    from albert_dist.tokenizer import train_sentencepiece
+    from albert_dist.tokenizer.training import train_sentencepiece
 
     root = tmp_path_factory.mktemp("prepare-effect")
     english = [d for d in stdlib_corpus.read_text().split("\n\n") if len(d) > 200][:120]

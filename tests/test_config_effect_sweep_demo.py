@@ -11,7 +11,8 @@ import dataclasses
 from effect_helpers import Together, keys_without_effect, leaf_keys
 
 from albert_dist.config import load_config
-from albert_dist.demo import DemoJobConfig, plan_demo
+from albert_dist.demo.config import DemoJobConfig
+from albert_dist.demo.job import plan_demo
 from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig
 from albert_dist.tune.sweep import plan_sweep
 

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 def main(corpus: Path, root: Path) -> None:
     import ray
 
-    from albert_dist.config import DataJobConfig
+    from albert_dist.data.config import DataJobConfig
     from albert_dist.data.prepare import prepare_dataset
 
     cluster = loopback_cluster()

@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_data_support import english_tokenizer, instance_batch  # noqa: F401 - fixture
 
-from albert_dist.config import PrepareMaskingSection
+from albert_dist.data.config import PrepareMaskingSection
 from albert_dist.data.masking import IGNORE_INDEX, MaskingCollator, batch_rng, pad_ragged
 
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_data_support import chinese_corpus, english_tokenizer  # noqa: F401 - fixtures
 
-from albert_dist.config import DataJobConfig
+from albert_dist.data.config import DataJobConfig
 from albert_dist.data.loading import load_prepared
 from albert_dist.data.masking import MaskingCollator, batch_rng
 from albert_dist.data.prepare import prepare_dataset

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_data_support import english_tokenizer  # noqa: F401 - fixture
 
-from albert_dist.config import DataJobConfig
+from albert_dist.data.config import DataJobConfig
 from albert_dist.data.prepare import TIMINGS, prepare_dataset
 from albert_dist.data.ranges import _scan, _text_ranges, plan_ranges, read_documents, read_range
 from albert_dist.data.readers import parse_file

@@ -30,7 +30,8 @@ def chinese_documents(n_docs: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="session")
 def english_tokenizer(stdlib_corpus, tmp_path_factory):
-    from albert_dist.tokenizer import load_tokenizer, train_sentencepiece
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+    from albert_dist.tokenizer.training import train_sentencepiece
 
     out = tmp_path_factory.mktemp("spm-en")
     train_sentencepiece([stdlib_corpus], out, 2000, progress=lambda _: None)

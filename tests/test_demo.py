@@ -22,7 +22,7 @@ ERROR_OR_INFO_LINE = re.compile(
 
 
 def test_a_second_demo_into_the_same_directory_starts_fresh(tmp_path, capsys):
-    from albert_dist.demo import DEMO_MARKER, _start_fresh
+    from albert_dist.demo.job import DEMO_MARKER, _start_fresh
 
     root = tmp_path / "demo"
     _start_fresh(root)  # nothing there yet: nothing to say
@@ -40,7 +40,7 @@ def test_a_second_demo_into_the_same_directory_starts_fresh(tmp_path, capsys):
 
 def test_a_demo_into_a_directory_that_is_not_a_demo_moves_and_deletes_nothing(tmp_path, capsys):
     """run.output_dir pointed at someone's directory: it would be moved aside, then deleted by the next demo."""
-    from albert_dist.demo import _start_fresh
+    from albert_dist.demo.job import _start_fresh
     from albert_dist.errors import ConfigError
 
     documents = tmp_path / "documents"
@@ -63,7 +63,7 @@ def test_a_demo_into_a_directory_that_is_not_a_demo_moves_and_deletes_nothing(tm
 def test_the_sentence_order_task_is_balanced_and_true_to_the_corpus(stdlib_corpus, tmp_path):
     import csv
 
-    from albert_dist.demo import write_sentence_order_task
+    from albert_dist.demo.job import write_sentence_order_task
 
     train, dev = (list(csv.DictReader(open(path))) for path in write_sentence_order_task(stdlib_corpus, tmp_path))
     assert len(train) == 200 and len(dev) == 1000

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from export_helpers import assert_transformers_reads_export
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
-from albert_dist.demo_corpus import write_stdlib_corpus
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
+from albert_dist.demo.corpus import write_stdlib_corpus
+from albert_dist.pretrain.config import PretrainJobConfig
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +24,7 @@ TEXT, PAIR = "Return the number of items in a container.", "Raise ValueError whe
 def test_prepare_en_and_pretrain_en_run_together_and_export_for_transformers(tmp_path, ray_session):
     from albert_dist.data.loading import load_prepared, prepared_location
     from albert_dist.data.prepare import prepare_dataset
-    from albert_dist.pretrain import pretrain
+    from albert_dist.pretrain.job import pretrain
 
     corpus = write_stdlib_corpus(tmp_path / "corpus.txt", 400_000)
     data_cfg = load_config(

@@ -157,7 +157,7 @@ def test_prepared_data_on_a_full_disk_fails_clearly_and_keeps_the_earlier_datase
     stdlib_corpus,
     ray_session,
 ):
-    from albert_dist.config import DataJobConfig
+    from albert_dist.data.config import DataJobConfig
     from albert_dist.data.loading import load_prepared
     from albert_dist.data.prepare import prepare_dataset
 

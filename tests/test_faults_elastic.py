@@ -133,7 +133,8 @@ def main(root: Path) -> None:
     import mlflow
     import ray
 
-    from albert_dist.config import PretrainScalingSection, TrainSection
+    from albert_dist.config import TrainSection
+    from albert_dist.pretrain.config import PretrainScalingSection
     from albert_dist.train.ray_runner import run_training, training_data_context
 
     cluster = loopback_cluster()

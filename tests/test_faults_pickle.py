@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from albert_dist.config import PrepareMaskingSection, PretrainJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.data.config import PrepareMaskingSection
 from albert_dist.errors import CheckpointError
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
-from albert_dist.pretrain_task import PretrainingSpec, PretrainingTask
+from albert_dist.pretrain.config import PretrainJobConfig
+from albert_dist.pretrain.task import PretrainingSpec, PretrainingTask
 
 
 def pretraining_task(init_from, allow_pickle: bool) -> PretrainingTask:

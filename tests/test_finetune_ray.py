@@ -24,13 +24,14 @@ from finetune_helpers import (
 )
 
 from albert_dist.config import TrainSection
+from albert_dist.data import batching
 from albert_dist.errors import DataError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
 from albert_dist.finetune.distill import PROJECTION_FILE, distill
 from albert_dist.finetune.job import finetune, prepare_task_data
 from albert_dist.finetune.predict import run_predict
-from albert_dist.tokenizer import train_sentencepiece
+from albert_dist.tokenizer.training import train_sentencepiece
 from albert_dist.train.loop import Trainer, WorkerEnv
 
 FAST_TRAIN = {
@@ -111,7 +112,7 @@ def test_checkpoint_loads_in_transformers_with_same_predictions(classifier, work
     dev = prepare_task_data(
         finetune_config(workspace).data, "classification", classifier.model_dir, label_names=["no", "yes"]
     ).splits["dev"]
-    batch = next(data.batches(dev, 64, 8))
+    batch = next(batching.batches(dev, 64, 8))
     with torch.no_grad():
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
         theirs_labels = theirs(**inputs).logits.argmax(-1)
@@ -248,7 +249,7 @@ def test_projection_stays_out_of_the_student_checkpoint(classifier, tmp_path):
     model = DistillationModel(student, teacher, match_hidden=True)
     job_cfg = finetune_config(classifier.model_dir.parents[2])
     task_data = prepare_task_data(job_cfg.data, "classification", classifier.model_dir, label_names=["no", "yes"])
-    batch = next(data.batches(task_data.splits["dev"], 4, 8))
+    batch = next(batching.batches(task_data.splits["dev"], 4, 8))
     _, _, hidden = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     hidden.backward()
     assert model.projection.weight.grad is not None and teacher.classifier.weight.grad is None

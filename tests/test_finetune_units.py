@@ -9,6 +9,7 @@ import pytest
 from finetune_helpers import write_csv, write_jsonl
 
 from albert_dist.config import TrainSection, validate_config
+from albert_dist.data import batching
 from albert_dist.errors import ConfigError, DataError
 from albert_dist.finetune import data, lr_groups, metrics
 from albert_dist.finetune.config import FinetuneJobConfig, FinetuneSection, TaskDataSection
@@ -237,7 +238,7 @@ def test_collate_pads_to_multiple_of_eight():
         "label": np.array([0, 1]),
         "row": np.array([0, 1]),
     }
-    batch = data.collate(arrays, 8)
+    batch = batching.collate(arrays, 8)
     assert batch["input_ids"].shape == (2, 16)
     assert batch["attention_mask"].sum(1).tolist() == [5, 9]
 

@@ -10,7 +10,7 @@ from test_loop import Checkpoints, KeywordTask, settings
 from albert_dist.finetune.config import FinetuneJobConfig
 from albert_dist.finetune.job import finetune
 from albert_dist.model import AlbertConfig, AlbertModel
-from albert_dist.tokenizer import train_sentencepiece
+from albert_dist.tokenizer.training import train_sentencepiece
 from albert_dist.train import precision
 from albert_dist.train.loop import Trainer, WorkerEnv
 

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist import jobs_client
 from albert_dist.cli import build_parser
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.cluster import submit as jobs_client
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
 from albert_dist.errors import AlbertDistError, ConfigError
 from albert_dist.job_registry import JOBS, Command, Job
+from albert_dist.pretrain.config import PretrainJobConfig
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "jobs" / "configs"

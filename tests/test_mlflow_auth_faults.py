@@ -16,7 +16,7 @@ from mlflow_server import free_port, start_server, stop_server
 from test_cluster_multinode import basic_auth_config
 from test_s3 import cli_args
 
-from albert_dist.metrics_log import MetricsLogger
+from albert_dist.tracking.metrics_log import MetricsLogger
 
 TRAINER = "trainer"
 REFUSED = 3  # batches of metrics the server refuses before the permission is given back

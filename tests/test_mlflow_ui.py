@@ -16,8 +16,10 @@ import pytest
 from finetune_helpers import FILLER, KEYWORDS, single_rows, write_csv
 from mlflow_server import free_port, start_server, stop_server
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
 from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
+from albert_dist.pretrain.config import PretrainJobConfig
 from albert_dist.storage import sha256_file
 
 pytestmark = pytest.mark.slow
@@ -48,7 +50,7 @@ def jobs(tmp_path_factory, server, ray_session):
     from albert_dist.data.prepare import prepare_dataset
     from albert_dist.finetune.distill import distill
     from albert_dist.finetune.job import finetune
-    from albert_dist.pretrain import pretrain
+    from albert_dist.pretrain.job import pretrain
 
     root = tmp_path_factory.mktemp("ui")
     defaults = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")  # what a later job would take as its store

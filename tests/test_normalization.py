@@ -17,8 +17,9 @@ import pytest
 import torch
 from chinese_helpers import ZH_SENTENCES
 
-from albert_dist.config import DataJobConfig, load_config
-from albert_dist.tokenizer import load_tokenizer
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
 MAX_LENGTH = 512
@@ -148,7 +149,9 @@ def _strip_specials(rows: list[list[int]], cls_id: int, sep_id: int) -> list[lis
 def test_every_path_gives_the_exported_tokenizers_ids(prepared, exports, tmp_path):
     from albert_dist.finetune.config import TaskDataSection
     from albert_dist.finetune.job import prepare_task_data
-    from albert_dist.mlflow_models import MODEL_ARTIFACT, EncoderModel, SequenceClassifierModel
+    from albert_dist.finetune.mlflow_model import SequenceClassifierModel
+    from albert_dist.pretrain.mlflow_model import EncoderModel
+    from albert_dist.tracking.models import MODEL_ARTIFACT
 
     data, _ = prepared
     reference = _autotokenizer_ids(exports["classifier"], DOCUMENTS)

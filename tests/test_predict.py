@@ -13,7 +13,8 @@ from albert_dist.errors import DataError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.predict import run_predict
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
-from albert_dist.tokenizer import load_tokenizer, train_sentencepiece
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+from albert_dist.tokenizer.training import train_sentencepiece
 
 SAVED_LENGTH = 16
 

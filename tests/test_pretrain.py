@@ -14,7 +14,9 @@ import torch
 from checkpoint_helpers import verifying_checkpoints
 from safetensors.torch import load_file
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
+from albert_dist.pretrain.config import PretrainJobConfig
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +46,7 @@ def ordered_corpus(path: Path, words: list[str], documents: int = 700, seed: int
 def prepared(tmp_path_factory, stdlib_corpus, ray_session):
     """The ordered corpus, prepared with a tokenizer trained on real English (so "first" and "then" are pieces)."""
     from albert_dist.data.prepare import prepare_dataset
-    from albert_dist.tokenizer import train_sentencepiece
+    from albert_dist.tokenizer.training import train_sentencepiece
 
     root = tmp_path_factory.mktemp("pretrain")
     tokenizer = train_sentencepiece([stdlib_corpus], root / "tokenizer", 400, progress=lambda _: None).parent
@@ -105,7 +107,7 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     from transformers import AlbertForPreTraining as HFAlbertForPreTraining
 
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.pretrain import pretrain
+    from albert_dist.pretrain.job import pretrain
 
     # SOP is learnt after MLM: this tiny model picks up the order cue after 150-400 steps, depending on the seed and
     # the CPU's arithmetic (a CI machine's run stayed at chance at step 400 with 5 warmup steps); with 40 warmup
@@ -153,7 +155,7 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
 def in_process_task(root: Path, world_size: int = 1, rank: int = 0, *extra: str):
     """A `PretrainingTask` on the prepared data read through Ray Data in this process, as rank `rank`."""
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain import pretraining_spec
+    from albert_dist.pretrain.job import pretraining_spec
 
     prepared = load_prepared(root / "prepared")
     cfg = load_config(PretrainJobConfig, None, pretrain_overrides(root, "in-process") + list(extra))
@@ -262,7 +264,7 @@ def test_held_out_mlm_accuracy_is_measured_on_mask_and_a_copying_model_stays_on_
     """Every scored held-out position shows [MASK] (a token left visible could be copied), and a model that copies
     its input scores no more than the unigram baseline beside it, even on inputs masked 80/10/10 (as static masks
     prepared that way are): only the positions showing [MASK] are scored."""
-    from albert_dist.pretrain_task import PretrainingTask
+    from albert_dist.pretrain.task import PretrainingTask
     from albert_dist.train.loop import Trainer, WorkerEnv
 
     task, cfg = in_process_task(prepared)
@@ -305,7 +307,7 @@ def trainer_output(root: Path, *extra: str, task_type=None) -> tuple[dict, list[
 
 
 def test_evaluation_shows_the_unigram_baseline_and_warns_once_on_the_plateau(prepared, ray_session):
-    from albert_dist.pretrain_task import PretrainingTask
+    from albert_dist.pretrain.task import PretrainingTask
 
     labels = [label for _, row in eval_rows([in_process_task(prepared)[0]]) for label in row if label != -100]
     most_frequent = max(labels.count(label) for label in set(labels))
@@ -411,7 +413,7 @@ PHASES = "train.phases=[{data: prepared_16, steps: 6, batch_size: 16, max_seq_le
 def test_phases_read_each_phase_data_at_its_length_and_batch_size(prepared, short_data, ray_session):
     from albert_dist.data.loading import load_prepared
     from albert_dist.errors import ConfigError
-    from albert_dist.pretrain import open_phases, pretraining_model_config, pretraining_spec
+    from albert_dist.pretrain.job import open_phases, pretraining_model_config, pretraining_spec
 
     cfg = load_config(PretrainJobConfig, None, pretrain_overrides(prepared, "phases") + [PHASES, "train.max_steps=12"])
     main = load_prepared(prepared / "prepared")
@@ -456,7 +458,7 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
     corrupted, it resumes in phase 1 at step 4, crosses into phase 2 and ends with the same weights."""
     from mlflow.tracking import MlflowClient
 
-    from albert_dist.pretrain import pretrain
+    from albert_dist.pretrain.job import pretrain
 
     overrides = pretrain_overrides(prepared, "phased", 12) + [
         PHASES,
@@ -483,7 +485,7 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
 def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, capsys):
     from mlflow.tracking import MlflowClient
 
-    from albert_dist.pretrain import PRETRAIN
+    from albert_dist.pretrain.job import PRETRAIN
 
     overrides = pretrain_overrides(prepared, "range") + [
         "lr_range.test=true",
@@ -512,7 +514,7 @@ def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, c
     assert {"lr_range_test/lr_range_test.png", "lr_range_test/lr_range_test.json"} <= artifacts
 
 
-@pytest.mark.parametrize("task_module", ["albert_dist.pretrain_task", "albert_dist.finetune.task"])
+@pytest.mark.parametrize("task_module", ["albert_dist.pretrain.task", "albert_dist.finetune.task"])
 def test_a_worker_imports_its_task_without_the_drivers_tracking(task_module):
     """Every Ray Train worker imports its task's module: it must not pull in the driver's MLflow run handling or
     MLflow's model logging (seconds of CPU for each worker of every job)."""
@@ -522,9 +524,9 @@ def test_a_worker_imports_its_task_without_the_drivers_tracking(task_module):
     driver_side = [
         "mlflow",
         "pandas",
-        "albert_dist.tracking",
-        "albert_dist.mlflow_models",
-        "albert_dist.pretrain",
+        "albert_dist.tracking.run",
+        "albert_dist.tracking.models",
+        "albert_dist.pretrain.job",
         "albert_dist.finetune.job",
     ]
     check = f"import sys, {task_module}; print(','.join(m for m in {driver_side!r} if m in sys.modules))"

@@ -26,7 +26,8 @@ from test_pretrain import (
     pretrain_overrides,
 )
 
-from albert_dist.config import PretrainJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.pretrain.config import PretrainJobConfig
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ STREAMED = "data.cache=stream"
 
 
 def resume_run(root: Path, name: str, *extra: str):
-    from albert_dist.pretrain import pretrain
+    from albert_dist.pretrain.job import pretrain
 
     overrides = pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES + list(extra)
     return pretrain(load_config(PretrainJobConfig, None, overrides))
@@ -182,8 +183,8 @@ def faulted(prepared, baseline, tracking_server):
     then the server comes back. Returns the outcome and what the outage saw (or the error that stopped it)."""
     from mlflow.tracking import MlflowClient
 
-    from albert_dist.metrics_log import STATE_FILE
-    from albert_dist.tracking import RUN_ID_FILE
+    from albert_dist.tracking.metrics_log import STATE_FILE
+    from albert_dist.tracking.run import RUN_ID_FILE
 
     run_dir = prepared / "faulted"
     state_file = run_dir / "ray" / "faulted" / STATE_FILE
@@ -277,7 +278,7 @@ def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and
     inside `ray.train.report` (Ray Train copying it into the run's storage). The job stops with one line naming
     the step, the stored checkpoint still verifies, and once space is freed the relaunch resumes from it."""
     from albert_dist.errors import AlbertDistError
-    from albert_dist.pretrain import pretrain
+    from albert_dist.pretrain.job import pretrain
 
     overrides = pretrain_overrides(run_disk, "full", 40) + [
         f"data.output={prepared / 'prepared'}",

@@ -11,11 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from albert_dist.config import PretrainJobConfig, load_config
+from albert_dist.config import load_config
 from albert_dist.data.masking import IGNORE_INDEX, MaskingCollator, batch_rng
 from albert_dist.data.process import document_sentences
 from albert_dist.data.readers import parse_file
 from albert_dist.errors import ConfigError, DataError
+from albert_dist.pretrain.config import PretrainJobConfig
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -136,7 +137,8 @@ def test_corpus_reader_and_sentence_splitter_give_documents_or_a_data_error(data
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
     """A small SentencePiece model and a small WordPiece vocabulary: the two kinds the wrapper loads."""
-    from albert_dist.tokenizer import load_tokenizer, train_sentencepiece
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+    from albert_dist.tokenizer.training import train_sentencepiece
 
     root = tmp_path_factory.mktemp("prop-tok")
     corpus = root / "corpus.txt"

@@ -22,9 +22,11 @@ from finetune_helpers import single_rows, write_csv, write_jsonl
 from mlflow_server import free_port
 from process_helpers import require_mark
 
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
 from albert_dist.errors import ConfigError, DataError
 from albert_dist.finetune.config import FinetuneJobConfig
+from albert_dist.pretrain.config import PretrainJobConfig
 from albert_dist.storage import resolve_path
 
 BUCKET = "albert-test"
@@ -221,7 +223,7 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     # AWS_* variables, and a job's workers take credentials from their environment as a cluster's nodes do
     script = (
         "import sys\nfrom albert_dist.cli import main\nfrom albert_dist.config import PretrainJobConfig, "
-        "load_config\nfrom albert_dist.pretrain import pretrain\n"
+        "load_config\nfrom albert_dist.pretrain.job import pretrain\n"
         f"assert not (main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))\n"
         f"outcome = pretrain(load_config(PretrainJobConfig, None, {relaunch!r}))\n"
         "print('relaunch:', outcome.metrics['step'], outcome.metrics['resumed_from_step'], outcome.model_dir)\n"

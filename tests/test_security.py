@@ -27,10 +27,12 @@ import pytest
 from process_helpers import beyond_loopback, is_loopback, listeners_of, listeners_sampled, process_tree
 from test_tracking import free_port, start_server, stop_server
 
-from albert_dist import jobs_client
-from albert_dist.config import DataJobConfig, PretrainJobConfig, load_config
+from albert_dist.cluster import submit as jobs_client
+from albert_dist.config import load_config
+from albert_dist.data.config import DataJobConfig
 from albert_dist.data.prepare import prepare_dataset
 from albert_dist.errors import AlbertDistError, ConfigError
+from albert_dist.pretrain.config import PretrainJobConfig
 
 REPO = Path(__file__).resolve().parent.parent
 CANARY = f"canary-{uuid.uuid4().hex}"
@@ -331,7 +333,7 @@ def test_a_run_name_cannot_leave_the_output_dir(name):
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from albert_dist.run_lock import run_lock
+from albert_dist.train.run_lock import run_lock
 with run_lock(Path(sys.argv[1])):
     print("held", flush=True)
     time.sleep(600)
@@ -368,7 +370,7 @@ def test_a_second_driver_of_a_run_stops_naming_the_first(tmp_path):
     finally:
         holder.kill()  # a crash: the OS releases the lock
         holder.wait()
-    from albert_dist.run_lock import run_lock
+    from albert_dist.train.run_lock import run_lock
 
     with run_lock(run_dir):  # not stale after the crash
         assert str(os.getpid()) in (run_dir / "driver.lock").read_text()

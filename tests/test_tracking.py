@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from mlflow_server import free_port, start_server, stop_server
 
-from albert_dist import tracking
-from albert_dist.metrics_log import MetricsLogger
+from albert_dist.tracking import run as tracking
+from albert_dist.tracking.metrics_log import MetricsLogger
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_metrics_a_dead_worker_left_pending_are_sent_by_the_next_logger_and_not_
     server (which may still be down when the worker restarts)."""
     from mlflow_server import free_port
 
-    from albert_dist.metrics_log import send_left_behind
+    from albert_dist.tracking.metrics_log import send_left_behind
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -153,7 +153,7 @@ def store(tmp_path_factory):
 
 
 def job_config(store: str, tmp_path, name: str):
-    from albert_dist.config import PretrainJobConfig
+    from albert_dist.pretrain.config import PretrainJobConfig
 
     return PretrainJobConfig.model_validate(
         {"run": {"name": name, "output_dir": str(tmp_path / "runs")}, "tracking": {"tracking_uri": store}}

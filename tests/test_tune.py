@@ -18,7 +18,7 @@ from albert_dist.config import load_config, validate_config
 from albert_dist.errors import ConfigError
 from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
 from albert_dist.model import AlbertForSequenceClassification
-from albert_dist.tokenizer import train_sentencepiece
+from albert_dist.tokenizer.training import train_sentencepiece
 from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig
 from albert_dist.tune.mlflow_runs import PARENT_TAG, TRIAL_TAG
 from albert_dist.tune.report import OUTCOME_FILE
@@ -148,7 +148,7 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
 def test_killed_sweep_resumes_without_rerunning_or_duplicating(workspace, ray_session, tmp_path):
     """The sweep's driver killed once its first trial has finished and the second has opened its MLflow run; the
     same sweep launched again runs only the second trial, in the child run it had."""
-    from albert_dist.tracking import RUN_ID_FILE
+    from albert_dist.tracking.run import RUN_ID_FILE
 
     # one trial at a time: the kill lands between a finished trial and a started one without racing a third
     raw = sweep_raw(
@@ -226,7 +226,7 @@ def test_distillation_sweep_applies_student_shape_and_distill_weights(workspace,
     import torch
 
     from albert_dist.model import AlbertConfig
-    from albert_dist.tokenizer import load_tokenizer
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
     teacher = workspace / "teacher"  # a classifier with its tokenizer: what fine-tuning writes
     tokenizer = load_tokenizer(workspace / "model")

@@ -218,7 +218,7 @@ def load_prepared(location: str | Path) -> PreparedData:
 
 def _load_tokenizer(fs: pafs.FileSystem, root: str, location: str, info: dict[str, Any]):
     """The dataset's tokenizer, refused when its file is not the one the instances were tokenized with."""
-    from albert_dist.tokenizer import load_tokenizer
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
     path = f"{root}/{info['dir']}/{info['file']}"
     try:

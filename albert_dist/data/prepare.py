@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_dist.config import DataJobConfig
+from albert_dist.data.config import DataJobConfig
 from albert_dist.data.instances import InstanceSpec
 from albert_dist.data.loading import FORMAT_VERSION, MANIFEST, prepared_location
 from albert_dist.data.masking import MaskingCollator
@@ -70,7 +70,7 @@ def prepare_dataset(
     cfg: DataJobConfig, *, progress_bars: bool = False, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Prepare the dataset `cfg` describes; returns the summary (also stored in the manifest)."""
-    from albert_dist.ray_init import ensure_ray
+    from albert_dist.cluster.ray_init import ensure_ray
 
     user_dict = _read_user_dict(cfg.data.user_dict)
     ensure_ray()
@@ -225,7 +225,8 @@ def _read_user_dict(path: str | None) -> str | None:
 
 def _tokenizer(cfg: DataJobConfig, ranges: list[FileRange], out_dir: Path, log: Callable[[str], None]):
     """The configured tokenizer, or one trained on the corpus's sentences; saved into `out_dir`."""
-    from albert_dist.tokenizer import load_tokenizer, train_sentencepiece, train_wordpiece
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+    from albert_dist.tokenizer.training import train_sentencepiece, train_wordpiece
 
     t = cfg.tokenizer
     if t.path:

@@ -8,7 +8,6 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from albert_dist.config import (
-    PretrainedModelSection,
     Section,
     TrainBase,
     TrainingJobConfig,
@@ -16,6 +15,7 @@ from albert_dist.config import (
     local_path,
     without_credentials,
 )
+from albert_dist.model.sections import PretrainedModelSection
 from albert_dist.storage import is_uri
 
 LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")

@@ -32,7 +32,7 @@ from albert_dist.finetune.task import ClassificationSpec, SequenceClassification
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.model.checkpoint import CONFIG_NAME, load_config
 from albert_dist.storage import publish_dir
-from albert_dist.tokenizer import load_tokenizer
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 from albert_dist.train.loop import TaskSpec
 from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
 

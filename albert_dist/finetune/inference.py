@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from albert_dist.finetune import data, metrics
+from albert_dist.data import batching
+from albert_dist.finetune import metrics
 from albert_dist.train import precision as amp
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -64,14 +65,14 @@ def predict_logits(
 
 def split_logits(
     model: torch.nn.Module,
-    encoded: data.EncodedSplit,
+    encoded: batching.EncodedSplit,
     batch_size: int = 64,
     pad_to_multiple_of: int = 8,
     precision: str = "fp32",
 ) -> np.ndarray:
     """Logits of every row of `encoded`, in row order, computed over batches of rows sorted by length."""
-    order = data.length_sorted_order(encoded.arrays["length"])
-    logits = predict_logits(model, data.batches(encoded, batch_size, pad_to_multiple_of, order), precision)
+    order = batching.length_sorted_order(encoded.arrays["length"])
+    logits = predict_logits(model, batching.batches(encoded, batch_size, pad_to_multiple_of, order), precision)
     restored = np.empty_like(logits)
     restored[order] = logits
     return restored
@@ -79,7 +80,7 @@ def split_logits(
 
 def evaluate(
     model: torch.nn.Module,
-    encoded: data.EncodedSplit,
+    encoded: batching.EncodedSplit,
     *,
     task: str,
     batch_size: int = 64,

@@ -16,15 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from albert_dist import tracking
 from albert_dist.config import TrainBase, TrainSection
+from albert_dist.data import batching
 from albert_dist.errors import ConfigError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
 from albert_dist.finetune.task import ClassificationSpec
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.storage import fetch_dir, is_uri, join_location, read_bytes
-from albert_dist.tokenizer import load_tokenizer
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+from albert_dist.tracking import run as tracking
 from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
 
 
@@ -32,7 +33,7 @@ from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
 class TaskData:
     """Encoded splits and the label names (None for regression)."""
 
-    splits: dict[str, data.EncodedSplit]
+    splits: dict[str, batching.EncodedSplit]
     label_names: list[str] | None
 
     @property
@@ -149,9 +150,9 @@ def encoded_digests(task_data: TaskData) -> dict[str, str]:
 
 def classifier_model(cfg):
     """The MLflow model of a classifier trained by the job `cfg` (fine-tuning or distillation)."""
-    from albert_dist import mlflow_models
+    from albert_dist.finetune.mlflow_model import SequenceClassifierModel
 
-    return mlflow_models.SequenceClassifierModel(pair=cfg.data.text_pair_column is not None)
+    return SequenceClassifierModel(pair=cfg.data.text_pair_column is not None)
 
 
 def classification_spec(

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from albert_dist.data import batching
 from albert_dist.errors import DataError
 from albert_dist.finetune import data, inference
 from albert_dist.model.checkpoint import load_config
@@ -36,7 +37,7 @@ class Predictor:
         precision: str = "auto",
     ):
         from albert_dist.model import AlbertForSequenceClassification
-        from albert_dist.tokenizer import load_tokenizer
+        from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
         self.model = AlbertForSequenceClassification.from_pretrained(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
@@ -47,7 +48,7 @@ class Predictor:
     def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = ["" if v is None else str(v) for v in rows[self.text_column]]
         pairs = ["" if v is None else str(v) for v in rows[self.text_pair_column]] if self.text_pair_column else None
-        encoded = data.EncodedSplit(data.encode_texts(self.tokenizer, texts, pairs, self.max_seq_length))
+        encoded = batching.EncodedSplit(batching.encode_texts(self.tokenizer, texts, pairs, self.max_seq_length))
         logits = inference.split_logits(self.model, encoded, self.batch_size, precision=self.precision)
         return {**rows, **self.columns(logits)}
 

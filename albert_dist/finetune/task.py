@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from albert_dist.finetune import data, inference, lr_groups, metrics
+from albert_dist.data import batching
+from albert_dist.finetune import inference, lr_groups, metrics
 from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.storage import fetch_dir
-from albert_dist.tokenizer import load_tokenizer
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 from albert_dist.train.feed import rank_slice
 from albert_dist.train.loop import TaskSpec, TrainingTask
 
@@ -166,7 +167,7 @@ class SequenceClassificationTask(TrainingTask):
         order = np.arange(len(rows["row"])) if order is None else order
         columns = [k for k in rows if split == "dev" or k != "row"]  # dev row ids key the evaluation tables
         for index in global_batches(len(order), batch_size, self.rank, self.world_size, drop_last):
-            yield data.collate({k: rows[k][order[index]] for k in columns}, self.spec.pad_to_multiple_of)
+            yield batching.collate({k: rows[k][order[index]] for k in columns}, self.spec.pad_to_multiple_of)
 
     def train_batches(self, epoch, phase=0):
         """A new seeded order each epoch, the same on every rank (rows of similar length in each global batch with
@@ -175,7 +176,7 @@ class SequenceClassificationTask(TrainingTask):
         lengths = self._rows("train")["length"]
         rng = np.random.default_rng([self.spec.seed, epoch])
         order = (
-            data.length_grouped_order(
+            batching.length_grouped_order(
                 lengths, self.spec.batch_size * self.world_size, rng, self.spec.pad_to_multiple_of
             )
             if self.spec.group_by_length
@@ -185,7 +186,7 @@ class SequenceClassificationTask(TrainingTask):
 
     def eval_batches(self):
         """Longest rows first: evaluation statistics are sums, so the order only changes the padding."""
-        order = data.length_sorted_order(self._rows("dev")["length"])
+        order = batching.length_sorted_order(self._rows("dev")["length"])
         return self._batches("dev", self.spec.eval_batch_size, order)
 
     # ----------------------------------------------------------------------------------- evaluation points

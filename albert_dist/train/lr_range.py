@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from albert_dist.config import LrRangeSection, TrainBase
+from albert_dist.config import TrainBase
+from albert_dist.pretrain.config import LrRangeSection
 from albert_dist.train import optim
 from albert_dist.train.loop import TrainingTask
 

@@ -23,9 +23,9 @@ import torch
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
+from albert_dist.cluster.ray_init import PREEMPTION_WATCHER
 from albert_dist.config import ScalingSection, TrainSection
 from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is_disk_full
-from albert_dist.ray_init import PREEMPTION_WATCHER
 from albert_dist.storage import filesystem, is_uri, join_location, object_store_error
 from albert_dist.train import checkpointing
 from albert_dist.train.collectives import broadcast_object
@@ -144,7 +144,7 @@ def run_training(
             f"run.name to resume once the cluster has {scaling.worker_range[0]} worker slot(s) again"
         ) from None
     if tracking is not None:
-        from albert_dist.metrics_log import STATE_FILE, send_left_behind
+        from albert_dist.tracking.metrics_log import STATE_FILE, send_left_behind
 
         send_left_behind(*tracking, join_location(storage_dir, STATE_FILE))
     # how rank 0's fit ended: Ray's `result.metrics` only holds what came with a checkpoint, and a diverged run
@@ -250,7 +250,7 @@ def _check_relaunch(
         )
     print(f"resuming step {step} with changes (run.resume_changes=allow): {'; '.join(changes)}")
     if tracking is not None:
-        from albert_dist import tracking as mlflow_tracking
+        from albert_dist.tracking import run as mlflow_tracking
 
         mlflow_tracking.set_tags(*tracking, {f"albert_dist.resume_changes.step_{step}": "; ".join(changes)})
 
@@ -263,7 +263,7 @@ def _train_worker(config: dict[str, Any]) -> dict[str, Any]:
     task = config["task"].build(rank, world_size, ray.train.get_dataset_shard)
     logger = None
     if config["tracking"] and rank == 0:
-        from albert_dist.metrics_log import STATE_FILE, MetricsLogger, quick_failing_requests
+        from albert_dist.tracking.metrics_log import STATE_FILE, MetricsLogger, quick_failing_requests
 
         quick_failing_requests()
         logger = MetricsLogger(

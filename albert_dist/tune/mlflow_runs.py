@@ -14,8 +14,8 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from albert_dist import tracking
 from albert_dist.storage import publish_text
+from albert_dist.tracking import run as tracking
 from albert_dist.tune.report import stop_reason, trial_best
 
 PARENT_TAG = "mlflow.parentRunId"

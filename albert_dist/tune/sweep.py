@@ -20,7 +20,7 @@ from albert_dist.job_registry import Command
 from albert_dist.model.checkpoint import CONFIG_NAME
 from albert_dist.redaction import redact_url
 from albert_dist.storage import publish_dir
-from albert_dist.tracking import JobRun
+from albert_dist.tracking.run import JobRun
 from albert_dist.train.checkpointing import PUBLISHED_MODEL
 from albert_dist.tune import mlflow_runs, report, space
 from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig, TuneJobConfig
@@ -125,7 +125,7 @@ def _tuner(plan: SweepPlan, trainable, uri: str):
 def run_sweep(cfg: TuneJobConfig) -> SweepOutcome:
     from ray import tune
 
-    from albert_dist.ray_init import ensure_ray
+    from albert_dist.cluster.ray_init import ensure_ray
 
     plan = plan_sweep(cfg)
     ensure_ray()

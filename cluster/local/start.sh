@@ -43,7 +43,7 @@ secret() { "$bin/python" -c 'import secrets; print(secrets.token_urlsafe(32))'; 
 # Ray token auth: every Ray process of this cluster reads the token from a file only this user can read.
 [[ -s "$state/ray_auth_token" ]] || secret > "$state/ray_auth_token"
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$state/ray_auth_token" RAY_USAGE_STATS_ENABLED=0
-export RAY_TRAIN_ENABLE_PRINT_PATCH=0  # Ray 2.60 Train workers would print every line twice (albert_dist/ray_init.py)
+export RAY_TRAIN_ENABLE_PRINT_PATCH=0  # Ray 2.60 Train workers would print every line twice (albert_dist/cluster/ray_init.py)
 export ALBERT_LOCAL_CLUSTER="$state"  # marks this cluster's processes for stop.sh
 export PATH="$bin:$PATH"  # a job's `python` is this environment's
 unset RAY_AUTH_TOKEN RAY_ADDRESS

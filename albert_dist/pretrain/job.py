@@ -1,7 +1,7 @@
 """`albert-dist pretrain`: MLM + SOP pretraining of ALBERT on Ray Train, tracked in MLflow.
 
 The job's declaration (`PRETRAIN`, run by `training_job.run_job`): its plan validates the prepared data and the
-model config and builds the workers' task (albert_dist/pretrain_task.py); the last step's model is published
+model config and builds the workers' task (albert_dist/pretrain/task.py); the last step's model is published
 (`train.publish: last`, the best evaluation's in `best_model/`). With a URI `run.output_dir`, checkpoints, the
 models and the MLflow run id are stored there (`TrainingRunSection.locate`), the lock and a copy of the final model in the
 run's local staging directory (`TrainingRunSection.run_dir`).
@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
-from albert_dist import mlflow_models, tracking
-from albert_dist.config import PretrainJobConfig
 from albert_dist.errors import ConfigError
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
-from albert_dist.pretrain_task import PhaseSpec, PretrainingSpec
+from albert_dist.pretrain.config import PretrainJobConfig
+from albert_dist.pretrain.mlflow_model import EncoderModel
+from albert_dist.pretrain.task import PhaseSpec, PretrainingSpec
+from albert_dist.tracking import run as tracking
 from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
 
 VERIFIED_SHARDS = "verified_shards.json"  # in the run dir: the shards checked against the manifest, and when
@@ -186,8 +187,8 @@ def lr_range_test(cfg: PretrainJobConfig):
     worker's batches), tracked as its own MLflow run; returns the `RangeTest`."""
     import tempfile
 
+    from albert_dist.cluster.ray_init import ensure_ray
     from albert_dist.data.loading import load_prepared, prepared_location
-    from albert_dist.ray_init import ensure_ray
     from albert_dist.train.lr_range import run_range_test
 
     ensure_ray()
@@ -250,7 +251,7 @@ PRETRAIN = TrainingJob(
     "pretrain",
     PretrainJobConfig,
     plan,
-    lambda cfg: mlflow_models.EncoderModel(),
+    lambda cfg: EncoderModel(),
     _summary,
     "pretrained",
     instead=_range_test_instead,

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist import job_registry
+from albert_dist.cluster.ray_init import CLUSTER_WORKER_HOOK, WORKER_ENV
 from albert_dist.errors import AlbertDistError
-from albert_dist.ray_init import CLUSTER_WORKER_HOOK, WORKER_ENV
 from albert_dist.redaction import is_secret_name, redact_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -247,12 +247,12 @@ class JobRun:
     def log_model(self, python_model, step: int, name: str, files: bool = True) -> None:
         """The published model as the run's MLflow model `name` (linked to the metrics of `step`), registered when
         `tracking.register_model` names a model; with `files`, its files also as the artifacts `model/`."""
-        from albert_dist import mlflow_models
+        from albert_dist.tracking import models
 
         if files:
             self.log_artifacts(self.model_dir, "model")
         with tracking_errors("logging the model"):
-            mlflow_models.log_model(
+            models.log_model(
                 self.uri, self.run_id, self.model_dir, python_model, name, step=step, register_as=self.register_as
             )
 

@@ -52,7 +52,7 @@ class MetricsLogger:
         progress_metric: str = "loss",
         state_file: Path | str | None = None,
     ):
-        from albert_dist.tracking import _client
+        from albert_dist.tracking.run import _client
 
         self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
         self.state_file = state_file

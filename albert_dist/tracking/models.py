@@ -16,74 +16,28 @@ import warnings
 from pathlib import Path
 
 import mlflow.pyfunc
-import numpy as np
-import pandas as pd
 
 MODEL_ARTIFACT = "model_dir"
+
+
 # The LoggedModel's name within its run. Not "model", the run's folder of plain model files: MLflow lists a run's
 # `model` artifacts together with a LoggedModel of that name, which it looks up in the *default* tracking store, so
 # `MlflowClient(uri).list_artifacts(run, "model")` failed ("Logged model ... not found") unless $MLFLOW_TRACKING_URI
 # happened to name the run's store.
 TEXT, TEXT_PAIR = "text", "text_pair"
+
+
 BATCH_SIZE = 64
+
+
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
-class _DataFrameModel(mlflow.pyfunc.PythonModel):
+class DataFrameModel(mlflow.pyfunc.PythonModel):
     """`predict` takes a DataFrame, described by the signature given at logging: MLflow's type-hint checks (and
     their advice, printed when a subclass is defined) do not apply."""
 
     _skip_type_hint_validation = True
-
-
-class SequenceClassifierModel(_DataFrameModel):
-    """A fine-tuned or distilled classifier (or regressor), predicting through `albert-dist predict`'s
-    predictor."""
-
-    def __init__(self, pair: bool = False):
-        self.pair = pair
-
-    def load_context(self, context) -> None:
-        from albert_dist.finetune.predict import Predictor
-
-        self.predictor = Predictor(
-            context.artifacts[MODEL_ARTIFACT], TEXT, TEXT_PAIR if self.pair else None, BATCH_SIZE
-        )
-
-    def predict(self, context, model_input, params=None):
-        inputs = [TEXT, TEXT_PAIR] if self.pair else [TEXT]
-        rows = {name: model_input[name].to_numpy() for name in inputs}
-        out = self.predictor(rows)
-        return pd.DataFrame({name: values for name, values in out.items() if name not in rows})
-
-
-class EncoderModel(_DataFrameModel):
-    """A pretrained ALBERT: one embedding per text (mean of the last hidden states over its tokens)."""
-
-    def load_context(self, context) -> None:
-        from albert_dist.model import AlbertForPreTraining
-        from albert_dist.tokenizer import load_tokenizer
-
-        directory = context.artifacts[MODEL_ARTIFACT]
-        self.model = AlbertForPreTraining.from_pretrained(directory).eval()
-        self.tokenizer = load_tokenizer(directory)
-
-    def predict(self, context, model_input, params=None):
-        import torch
-
-        from albert_dist.finetune import data
-
-        texts = ["" if v is None else str(v) for v in model_input[TEXT]]
-        arrays = data.encode_texts(self.tokenizer, texts, None, self.model.config.max_position_embeddings)
-        embeddings = []
-        with torch.no_grad():
-            for batch in data.batches(data.EncodedSplit(arrays), BATCH_SIZE, 8):
-                hidden = self.model.albert(
-                    batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
-                ).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).float()
-                embeddings.extend(((hidden * mask).sum(1) / mask.sum(1)).numpy().astype(np.float32))
-        return pd.DataFrame({"embedding": embeddings})
 
 
 def log_model(

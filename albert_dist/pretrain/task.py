@@ -1,5 +1,5 @@
 """What a Ray Train worker runs for `albert-dist pretrain`: the MLM + SOP task, built on the worker from the
-`PretrainingSpec` the driver (albert_dist/pretrain.py) sends it.
+`PretrainingSpec` the driver (albert_dist/pretrain/job.py) sends it.
 
 Kept apart from the driver so that a worker imports the model, the data feed and the masking, not the driver's
 tracking, data validation and model logging.
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from albert_dist.config import MaskingSection
+from albert_dist.data.config import MaskingSection
 from albert_dist.data.masking import IGNORE_INDEX
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 from albert_dist.train.feed import rank_batches, slot_batches, slot_range
