@@ -1,0 +1,1 @@
+"""albert-dist: pretrain, fine-tune and distill ALBERT models on Ray, tracked in MLflow (`albert-dist --help`)."""

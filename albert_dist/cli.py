@@ -2,16 +2,22 @@
 
 Errors caused by the user's input (`errors.user_error`: an `AlbertDistError`, or the OS refusing one of the user's
 paths) are printed as one line and exit with status 2; anything else is a bug and keeps its traceback.
+
+A job submitted to a Ray cluster (`albert-dist submit`) runs this module too: `python -m albert_dist.cli <command>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
-from albert_dist.errors import AlbertDistError, user_error
+from albert_dist.errors import AlbertDistError, ConfigError, user_error
 from albert_dist.job_registry import GROUPS, JOBS, Job
+
+# Set by Ray's job supervisor in the environment of a submitted job's entrypoint.
+_RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +50,28 @@ def _config_command(job: Job) -> Callable[[argparse.Namespace], int]:
         from albert_dist.config import load_config
 
         cfg = load_config(job.config_class(), args.config, args.overrides)
+        check_output_root(cfg)
         return job.load().main(cfg) or 0
 
     return handler
+
+
+def check_output_root(cfg) -> None:
+    """Refuse a relative output directory inside a Ray job unless $ALBERT_DIST_HOME anchors it.
+
+    A Ray job runs in a temporary copy of the working directory that is deleted with the job: a relative
+    `run.output_dir` there would write where nobody finds the results, so the job stops before doing any work.
+    """
+    from albert_dist.storage import is_uri
+
+    output_dir = cfg.run.output_dir
+    relative = not (is_uri(output_dir) or os.path.isabs(os.path.expanduser(output_dir)))
+    if relative and os.environ.get(_RAY_JOB_MARKER) and not os.environ.get("ALBERT_DIST_HOME"):
+        raise ConfigError(
+            f"run.output_dir={output_dir!r} is relative and $ALBERT_DIST_HOME is not set: inside a "
+            "Ray job it would land in the job's temporary working directory; set ALBERT_DIST_HOME "
+            "(albert-dist submit does) or an absolute run.output_dir"
+        )
 
 
 def _add_job_commands(commands) -> None:
@@ -61,7 +86,7 @@ def _add_job_commands(commands) -> None:
                     dest="action", required=True, metavar="ACTION"
                 )
             parent = groups[group]
-        sub = parent.add_parser(job.command[-1], help=job.help)
+        sub = parent.add_parser(job.command[-1], help=job.help, description=job.help)
         _add_config_flags(sub)
         sub.set_defaults(handler=_config_command(job))
 
@@ -114,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     from albert_dist.cluster import submit as jobs_client
 
     address_help = "Ray dashboard URL, e.g. http://127.0.0.1:8265 (default $RAY_ADDRESS)"
-    submit = commands.add_parser("submit", help="run a job (jobs/<job>.py) on a Ray cluster")
+    submit = commands.add_parser("submit", help="run a job's command on a Ray cluster")
     submit.add_argument("job", choices=JOBS)
     _add_config_flags(submit)
     submit.add_argument("--address", help=address_help)
@@ -128,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--follow", action="store_true", help="stream the logs; exit status 0 SUCCEEDED, 1 FAILED, 2 STOPPED"
     )
     submit.set_defaults(
-        handler=lambda a: jobs_client.submit(a.job, a.config, a.overrides, a.address, a.name, a.output_root, a.follow)
+        handler=lambda a: jobs_client.submit(
+            a.job, JOBS[a.job].command, a.config, a.overrides, a.address, a.name, a.output_root, a.follow
+        )
     )
 
     jobs = commands.add_parser("jobs", help="list, inspect and stop jobs on a Ray cluster").add_subparsers(

@@ -191,22 +191,25 @@ class TrainBase(Section):
     publish: Literal["best", "last"] = Field(
         "best",
         description="The model published as <run>/model: the best evaluation's, or the last step's (the "
-        "best evaluation's then kept in <run>/best_model too).",
+        "best evaluation's then kept in <run>/best_model too). Pretraining's default is last, "
+        "fine-tuning's and distillation's best.",
     )
 
 
-def _warmup_fits(train: TrainBase) -> TrainBase:
+def warmup_fits(train: TrainBase) -> TrainBase:
+    """The after-validator of a section with warmup_steps: the warmup fits in the run."""
     if train.warmup_steps > train.max_steps:
         raise ValueError(f"warmup_steps ({train.warmup_steps}) exceeds max_steps ({train.max_steps})")
     return train
 
 
 class TrainSection(TrainBase):
-    """What the training loop reads."""
+    """What the training loop reads: pretraining's `train:` as `loop_settings` gives it, fine-tuning's with the
+    warmup its `finetune.warmup_ratio` sets."""
 
     warmup_steps: int = Field(100, ge=0)
 
-    _warmup_fits = model_validator(mode="after")(_warmup_fits)
+    _warmup_fits = model_validator(mode="after")(warmup_fits)
 
 
 class TrackingSection(Section):
@@ -227,9 +230,7 @@ class TrackingSection(Section):
                 f"SQLite file cannot live in object storage. Set tracking.tracking_uri (or "
                 f"$MLFLOW_TRACKING_URI) to a server or database every launch of the run reaches"
             )
-        db = resolve_path(output_dir) / "mlflow.db"
-        db.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{db}"
+        return f"sqlite:///{resolve_path(output_dir) / 'mlflow.db'}"
 
 
 class TrainingJobConfig(Section):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import sys
 import threading
@@ -102,29 +103,65 @@ def _forward(path: Path, print_to_stdstream: Callable, ignore_prefix: bool, data
 
 
 class ProgressLine:
-    """`<label>: 12,345 rows (1,234/s) | 40% | ETA 0:12`, printed at most every `every_s` seconds and at the end.
-    The share and ETA need an estimate of the work done (0..1), from whatever the caller can measure."""
+    """One line for every long operation: `<label>: <count> <unit> (<rate>/s) | <pct>% | ETA <duration>`, e.g.
+    `predict: 3,072/10,000 rows (512/s) | 31% | ETA 0:14`; the count reads `3,072 rows` without a `total`. Printed
+    at most every `every_s` seconds, and by `finish`. The share and ETA need the work done (0..1): count/total, or
+    an estimate the caller passes from whatever it can measure.
 
-    def __init__(self, label: str, every_s: float = 10.0, print_fn: Callable[[str], None] = print):
-        self.label, self.every_s, self.print_fn = label, every_s, print_fn
-        self.rows, self.start, self.last = 0, time.perf_counter(), time.perf_counter()
+    `print_fn` None prints with whatever `print` is when the line is due: Ray Train replaces builtins.print in its
+    workers, and Tune pickles its callbacks (a bound function of this process would not do)."""
 
-    def update(self, rows: int, done: float | None = None) -> None:
-        self.rows += rows
+    def __init__(
+        self,
+        label: str,
+        unit: str = "rows",
+        total: int | None = None,
+        every_s: float = 10.0,
+        print_fn: Callable[[str], None] | None = None,
+    ):
+        self.label, self.unit, self.total, self.every_s, self.print_fn = label, unit, total, every_s, print_fn
+        self.count, self.start, self.last = 0, time.perf_counter(), time.perf_counter()
+
+    def update(self, count: int, done: float | None = None) -> None:
+        self.count += count
         now = time.perf_counter()
         if now - self.last >= self.every_s:
             self.last = now
-            self.print_fn(self.line(done))
+            self._print(self.line(done))
+
+    def finish(self) -> None:
+        """The line as it stands, printed now: the last one of the operation."""
+        self._print(self.line())
 
     def line(self, done: float | None = None) -> str:
         elapsed = max(1e-9, time.perf_counter() - self.start)
-        text = f"{self.label}: {self.rows:,} rows ({self.rows / elapsed:,.0f}/s)"
+        count = f"{self.count:,}/{self.total:,}" if self.total is not None else f"{self.count:,}"
+        text = f"{self.label}: {count} {self.unit} ({_rate(self.count / elapsed)}/s)"
+        if done is None and self.total:
+            done = self.count / self.total
         if done is not None and 0 < done <= 1:
-            text += f" | {100 * done:.0f}% | ETA {_duration(elapsed * (1 - done) / done)}"
+            text += f" | {100 * done:.0f}% | ETA {format_duration(elapsed * (1 - done) / done)}"
         return text
 
+    def _print(self, text: str) -> None:
+        (self.print_fn or print)(text)
 
-def _duration(seconds: float) -> str:
+
+def _rate(per_second: float) -> str:
+    """Thousands separated from 10/s up; below, two significant digits without an exponent (a sweep of 3-hour
+    trials finishes 0.000093 trials/s)."""
+    rounded = float(f"{per_second:.2g}")
+    if rounded >= 10:
+        return f"{per_second:,.0f}"
+    if rounded <= 0:
+        return "0"
+    return f"{rounded:.{1 - math.floor(math.log10(rounded))}f}"
+
+
+def format_duration(seconds: float) -> str:
+    """`0:12`, `1:05`, `1:02:03` (hours from an hour up); `?` for an unknown (infinite or negative) duration."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
     minutes, seconds = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"

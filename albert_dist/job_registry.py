@@ -1,10 +1,10 @@
-"""The jobs, listed once: the CLI's subcommands, the `python -m jobs.<module>` entry points, what `albert-dist submit`
-runs, the demo's steps and a sweep's trials all find a job here.
+"""The jobs, listed once: the CLI's subcommands (which are also what `albert-dist submit` runs on a cluster, as
+`python -m albert_dist.cli <command>`), the demo's steps and a sweep's trials all find a job here.
 
 Each job is declared once in its own module, as a `training_job.TrainingJob` (pretraining, fine-tuning,
-distillation) or a `Command`: both have the job's `config_class` and its `main(cfg) -> exit status`. The registry
-names the declaration as "module:NAME", imported only when the job runs, and its config class, which validates the
-input first: `albert-dist --help` and a config error stay fast (the declarations import torch, Ray and MLflow).
+distillation) or a `Command`: both have the job's `main(cfg) -> exit status`. The registry names the declaration as
+"module:NAME", imported only when the job runs, and the job's config class, which validates the input first:
+`albert-dist --help` and a config error stay fast (the declarations import torch, Ray and MLflow).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from albert_dist.errors import AlbertDistError
 
 @dataclass(frozen=True)
 class Command:
-    """A job that is not one training run (data preparation, a sweep, the demo): its config type and command."""
+    """A job that is not one training run (data preparation, a sweep, the demo, the learning-rate range test)."""
 
-    config_class: type
     main: Callable[[Any], int]  # called with the validated config; returns the exit status
 
 
@@ -29,16 +28,15 @@ class Command:
 class Job:
     name: str  # `albert-dist submit <name>`
     command: tuple[str, ...]  # the CLI subcommand, e.g. ("data", "prepare")
-    config: str  # "module:Class" of the job's config (the declaration's config_class)
+    config: str  # "module:Class" of the job's config
     declaration: str  # "module:NAME" of the job's declaration (a TrainingJob or a Command)
     help: str
-    entry: tuple[str, ...]  # `python -m` arguments of the job's entry point under jobs/
 
     def config_class(self) -> type:
         return _attribute(self.config)
 
     def load(self):
-        """The job's declaration: `config_class`, `main(cfg)` (and, for a training job, `run(cfg)`)."""
+        """The job's declaration: `main(cfg)` (and, for a training job, `run(cfg)`)."""
         return _attribute(self.declaration)
 
 
@@ -59,7 +57,6 @@ JOBS = {
             "albert_dist.data.config:DataJobConfig",
             "albert_dist.data.prepare:PREPARE_DATA",
             "read, split, tokenize and write SOP instances as Parquet shards",
-            ("jobs.prepare_data",),
         ),
         Job(
             "pretrain",
@@ -67,7 +64,13 @@ JOBS = {
             "albert_dist.pretrain.config:PretrainJobConfig",
             "albert_dist.pretrain.job:PRETRAIN",
             "pretrain ALBERT (MLM + SOP) on Ray Train",
-            ("jobs.pretrain",),
+        ),
+        Job(
+            "lr-range",
+            ("lr-range",),
+            "albert_dist.pretrain.config:LrRangeJobConfig",
+            "albert_dist.pretrain.lr_range:LR_RANGE",
+            "learning-rate range test on a pretraining job's data and model; suggests train.learning_rate",
         ),
         Job(
             "finetune",
@@ -75,7 +78,6 @@ JOBS = {
             "albert_dist.finetune.config:FinetuneJobConfig",
             "albert_dist.finetune.job:FINETUNE",
             "fine-tune a pretrained ALBERT for classification or regression",
-            ("jobs.finetune",),
         ),
         Job(
             "distill",
@@ -83,7 +85,6 @@ JOBS = {
             "albert_dist.finetune.config:DistillJobConfig",
             "albert_dist.finetune.distill:DISTILL",
             "distill a fine-tuned teacher into a smaller student",
-            ("jobs.distill",),
         ),
         Job(
             "tune-finetune",
@@ -91,7 +92,6 @@ JOBS = {
             "albert_dist.tune.config:FinetuneTuneConfig",
             "albert_dist.tune.sweep:FINETUNE_SWEEP",
             "sweep finetune hyperparameters (resumes an interrupted sweep)",
-            ("jobs.tune", "finetune"),
         ),
         Job(
             "tune-distill",
@@ -99,7 +99,6 @@ JOBS = {
             "albert_dist.tune.config:DistillTuneConfig",
             "albert_dist.tune.sweep:DISTILL_SWEEP",
             "sweep distill hyperparameters (resumes an interrupted sweep)",
-            ("jobs.tune", "distill"),
         ),
         Job(
             "demo",
@@ -107,7 +106,6 @@ JOBS = {
             "albert_dist.demo.config:DemoJobConfig",
             "albert_dist.demo.job:DEMO",
             "the whole pipeline on a small corpus of Python docstrings, end to end",
-            ("jobs.demo",),
         ),
     ]
 }

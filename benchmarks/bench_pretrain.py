@@ -93,17 +93,23 @@ def plain_loop(spec, train, args) -> float:
 
 
 def ray_train(spec, train, args, storage: Path, round_index: int) -> float:
+    from albert_dist.train.plan import Plan
     from albert_dist.train.ray_runner import run_training
 
-    result = run_training(
-        name=f"bench-{round_index}",
-        storage_path=storage,
+    plan = Plan(
         task=spec,
         train=settings(args),
         scaling=ScalingSection(num_workers=1, cpus_per_worker=args.cpus),
         seed=0,
-        datasets={"train": train},
+        name=f"bench-{round_index}",
+        storage_path=storage,
+        publish_to=None,
+        fingerprint=None,
+        resume_changes="refuse",
+        tracking=None,
+        datasets=lambda: {"train": train},
     )
+    result = run_training(plan)
     return result.metrics["tokens_per_s"]
 
 

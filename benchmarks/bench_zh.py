@@ -101,7 +101,7 @@ def bench_prepare(corpus: Path, work: Path, tokenizer_dir: Path, rounds: int, ma
 
 def pretrain_arm(work: Path, arm: str, steps: int, batch_size: int) -> Path:
     from albert_dist.pretrain.config import PretrainJobConfig
-    from albert_dist.pretrain.job import pretrain
+    from albert_dist.pretrain.job import PRETRAIN
 
     cfg = PretrainJobConfig.model_validate(
         {
@@ -125,7 +125,7 @@ def pretrain_arm(work: Path, arm: str, steps: int, batch_size: int) -> Path:
         }
     )
     started = time.perf_counter()
-    outcome = pretrain(cfg)
+    outcome = PRETRAIN.run(cfg)
     print(f"pretrained {arm}: {steps} steps in {time.perf_counter() - started:.0f} s; {outcome.metrics}")
     return outcome.model_dir
 

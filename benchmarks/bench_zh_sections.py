@@ -66,7 +66,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from albert_dist.demo.job import random_init_like
-    from albert_dist.finetune.job import finetune
+    from albert_dist.finetune.job import FINETUNE
 
     random_init = random_init_like(args.pretrained, args.out_dir / "random-init" / "model", seed=0)
     arms = {"pretrained": args.pretrained, "random init": random_init}
@@ -74,7 +74,7 @@ def main() -> None:
     for seed in range(args.seeds):
         for arm, init_from in arms.items():
             name = f"{arm.replace(' ', '-')}-seed{seed}"
-            outcome = finetune(finetune_config(init_from, args.task, args.out_dir, name, seed, args))
+            outcome = FINETUNE.run(finetune_config(init_from, args.task, args.out_dir, name, seed, args))
             accuracy[arm].append(outcome.metrics["dev_accuracy"])
             print(f"{arm:12} seed {seed}: dev accuracy {accuracy[arm][-1]:.3f}  (MLflow run {outcome.run_id})")
     dev_labels = [json.loads(line)["label"] for line in (args.task / "dev.jsonl").open(encoding="utf-8")]

@@ -32,3 +32,22 @@ def assert_mid_run(resumed: int, verifying: list[int], last_step: int, first_che
     uninterrupted one whatever resume does)."""
     assert verifying and first_checkpoint <= verifying[-1] < last_step, verifying
     assert resumed == verifying[-1], f"resumed at step {resumed}, the newest checkpoint that verified: {verifying}"
+
+
+def training_plan(name, storage_path, task, train, scaling, seed=0, datasets=None, publish_to=None, fingerprint=None):
+    """The plan of an untracked run of `task` (no job config: what `run_training` needs and nothing more)."""
+    from albert_dist.train.plan import Plan
+
+    return Plan(
+        task=task,
+        train=train,
+        scaling=scaling,
+        seed=seed,
+        name=name,
+        storage_path=storage_path,
+        publish_to=publish_to,
+        fingerprint=fingerprint,
+        resume_changes="refuse",
+        tracking=None,
+        datasets=lambda: datasets or {},
+    )

@@ -58,6 +58,7 @@ def train_while(cluster, name: str, storage, task, train, change_nodes, scaling=
     import threading
 
     import ray
+    from checkpoint_helpers import training_plan
 
     from albert_dist.config import ScalingSection
     from albert_dist.errors import AlbertDistError
@@ -65,15 +66,15 @@ def train_while(cluster, name: str, storage, task, train, change_nodes, scaling=
 
     def fit() -> None:
         try:
-            result = run_training(
-                name=name,
-                storage_path=storage,
-                task=task,
-                train=train,
-                scaling=scaling or ScalingSection(num_workers=1, cpus_per_worker=1),
-                seed=0,
-                **run_args,
+            plan = training_plan(
+                name,
+                storage,
+                task,
+                train,
+                scaling or ScalingSection(num_workers=1, cpus_per_worker=1),
+                datasets=run_args.pop("datasets", None),
             )
+            result = run_training(plan, **run_args)
         except AlbertDistError as err:
             print(f"ERROR {err}", flush=True)
             return

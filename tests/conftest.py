@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
+from pathlib import Path
 
 import process_helpers
 import pytest
@@ -17,30 +19,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.update(ray_init.WORKER_ENV)  # the workers of the tests' Ray print as the commands' workers do
 
 
-# The longest files first (minutes each on CI's 2 cores, measured with --durations): the suite runs in two processes
-# that each take the next file when free (`--dist loadfile`), so long files started last would leave one process
-# working alone at the end.
-LONGEST_FIRST = [
-    "test_demo.py",
-    "test_cluster_local.py",
-    "test_pretrain_faults.py",
-    "test_faults_elastic.py",
-    "test_pretrain.py",
-    "test_config_effect_prepare.py",
-    "test_tune.py",
-    "test_tracking.py",
-    "test_mlflow_ui.py",
-    "test_faults_node.py",
-    "test_finetune_ray.py",
-    "test_s3.py",
-    "test_security.py",
-    "test_cluster_multinode.py",
-]
+# The longest files first: the suite runs in two processes that each take the next file when free (`--dist
+# loadfile`), so long files started last would leave one process working alone at the end. Each file's seconds come
+# from a whole run (`--record-durations tests/durations.json`); a file not recorded yet goes first.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def _recorded_seconds() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+    seconds = _recorded_seconds()
+    items.sort(key=lambda item: -seconds.get(item.path.name, float("inf")))  # stable: a file's tests keep their order
     for item in items:
         if item.get_closest_marker("heavy"):
             item.add_marker("slow")  # what starts a cluster of its own is never part of a quick run
@@ -54,9 +45,18 @@ def pytest_addoption(parser):
         "should be: a fault test that can no longer set up its fault must not pass unseen; the gpu "
         "tests are deselected by `-m 'not gpu'`, not skipped)",
     )
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each test file's seconds (set-up, call and teardown of its tests) to PATH as JSON: the order "
+        "the suite runs its files in (tests/durations.json)",
+    )
 
 
-SKIPPED: list = []  # the reports of skipped tests
+FILE_SECONDS: dict[str, float] = {}  # test file -> seconds of its tests so far
+
+
+SKIPPED: list = []  # the reports of skipped tests, and of modules skipped whole at collection
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -87,6 +87,15 @@ def pytest_runtest_logreport(report):
     """Every skip, whichever process ran it (pytest-xdist replays its workers' reports in the main process)."""
     if report.skipped and not hasattr(report, "wasxfail"):
         SKIPPED.append(report)
+    name = Path(report.location[0]).name
+    FILE_SECONDS[name] = FILE_SECONDS.get(name, 0.0) + report.duration
+
+
+def pytest_collectreport(report):
+    """A module skipped whole while it is collected (a module-level `pytest.skip` or `importorskip`): its tests are
+    never run, so no test report shows them (pytest-xdist forwards its workers' skipped collections too)."""
+    if report.skipped:
+        SKIPPED.append(report)
 
 
 def _counts_skips(config) -> bool:
@@ -102,6 +111,10 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def pytest_sessionfinish(session):
+    path = session.config.getoption("record_durations")
+    if path and not hasattr(session.config, "workerinput"):
+        ordered = dict(sorted(FILE_SECONDS.items(), key=lambda item: -item[1]))
+        Path(path).write_text(json.dumps({name: round(s, 1) for name, s in ordered.items()}, indent=1) + "\n")
     if _counts_skips(session.config) and SKIPPED and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

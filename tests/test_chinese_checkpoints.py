@@ -123,7 +123,7 @@ def clue_config(path: str, root: Path, overrides: list[str]):
 
 @pytest.fixture(scope="module")
 def lcqmc(workspace, ray_session):
-    from albert_dist.finetune.job import finetune
+    from albert_dist.finetune.job import FINETUNE
 
     cfg = clue_config(
         "clue_lcqmc.yaml",
@@ -144,7 +144,7 @@ def lcqmc(workspace, ray_session):
             "train.learning_rate=1e-3",
         ],
     )
-    return finetune(cfg)
+    return FINETUNE.run(cfg)
 
 
 def test_voidful_layout_reads_with_transformers_ids_and_outputs(workspace):

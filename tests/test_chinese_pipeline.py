@@ -83,7 +83,7 @@ def test_user_dict_is_read_and_checked(prepared, tmp_path):
 
 
 def test_pretrain_zh_runs_and_exports_for_transformers(prepared, ray_session):
-    from albert_dist.pretrain.job import pretrain
+    from albert_dist.pretrain.job import PRETRAIN
 
     root, cfg, _, data = prepared
     pretrain_cfg = load_config(
@@ -108,7 +108,7 @@ def test_pretrain_zh_runs_and_exports_for_transformers(prepared, ray_session):
         ],
     )
     assert pretrain_cfg.data.output == cfg.data.output  # the pretraining config reads what prepare_zh.yaml writes
-    outcome = pretrain(pretrain_cfg)
+    outcome = PRETRAIN.run(pretrain_cfg)
     assert outcome.metrics["step"] == 4 and np.isfinite(outcome.metrics["eval_mlm_accuracy"])
 
     hf_tok, _ = assert_transformers_reads_export(outcome.model_dir, data.tokenizer, ZH_SENTENCES[3], ZH_SENTENCES[8])

@@ -11,7 +11,19 @@ from cluster_helpers import sets
 
 from albert_dist.cli import build_parser, main
 
-COMMANDS = ["tokenizer", "data", "pretrain", "finetune", "distill", "predict", "tune", "demo", "submit", "jobs"]
+COMMANDS = [
+    "tokenizer",
+    "data",
+    "pretrain",
+    "lr-range",
+    "finetune",
+    "distill",
+    "predict",
+    "tune",
+    "demo",
+    "submit",
+    "jobs",
+]
 
 
 def test_help_lists_every_subcommand(capsys):
@@ -28,6 +40,7 @@ def test_help_lists_every_subcommand(capsys):
         ["tokenizer", "train"],
         ["data", "prepare"],
         ["pretrain"],
+        ["lr-range"],
         ["finetune"],
         ["distill"],
         ["predict"],

@@ -72,7 +72,7 @@ def test_rayjob():
     runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
     assert runtime_env["env_vars"]["ALBERT_DIST_HOME"].startswith("/mnt/shared")
     ray_cluster_spec(spec["rayClusterSpec"])
-    assert spec["entrypoint"] == "python -m jobs.pretrain --config jobs/configs/pretrain_base.yaml"
+    assert spec["entrypoint"] == "python -m albert_dist.cli pretrain --config jobs/configs/pretrain_base.yaml"
 
 
 def expand(text: str) -> list[str]:
@@ -86,11 +86,11 @@ def expand(text: str) -> list[str]:
 
 
 def entrypoints() -> list[str]:
-    """Every `python -m jobs.X ... --config Y` the manifests and docs name."""
+    """Every `python -m albert_dist.cli COMMAND --config Y` the manifests and docs name."""
     texts = [p.read_text() for p in [*CLUSTER.rglob("*.yaml"), REPO / "docs" / "cluster.md"]]
     found = set()
     for text in texts:
-        for m in re.finditer(r"python -m jobs\.\w+(?: [\w{},]+)?\s+--config [\w/.{},]+", text):
+        for m in re.finditer(r"python -m albert_dist\.cli [\w-]+(?: [\w{},-]+)?\s+--config [\w/.{},]+", text):
             found |= set(expand(" ".join(m.group(0).split())))
     return sorted(found)
 
@@ -98,11 +98,15 @@ def entrypoints() -> list[str]:
 @pytest.mark.parametrize("command", entrypoints())
 def test_named_entry_points_exist_and_their_configs_validate(command, monkeypatch):
     monkeypatch.chdir(REPO)
-    module, *positional, flag, config = shlex.split(command)[2:]
-    assert (module, *positional) in [job.entry for job in JOBS.values()] and flag == "--config"
+    *words, flag, config = shlex.split(command)[3:]
+    assert tuple(words) in [job.command for job in JOBS.values()] and flag == "--config"
     assert (REPO / config).is_file(), config
     load_config(config_class(Path(config).stem), REPO / config)
     help_text = subprocess.run(
-        [sys.executable, "-m", module, *positional, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "albert_dist.cli", *words, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert help_text.returncode == 0 and "--config" in help_text.stdout, help_text.stderr

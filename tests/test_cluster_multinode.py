@@ -220,7 +220,7 @@ def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
         driver = {**env, "RAY_ADDRESS": f"{HEAD_IP}:{GCS_PORT}"}
         hosts.run(
             hosts.head,
-            ["python", "-m", "jobs.prepare_data", *prepare_args(stdlib_corpus)],
+            ["python", "-m", "albert_dist.cli", "data", "prepare", *prepare_args(stdlib_corpus)],
             driver,
             300,
             logs / "prepare.log",
@@ -231,7 +231,8 @@ def test_pretraining_spans_two_network_hosts(hosts, stdlib_corpus):
             [
                 "python",
                 "-m",
-                "jobs.pretrain",
+                "albert_dist.cli",
+                "pretrain",
                 *pretrain_args("two-hosts", steps=12),
                 *sets("scaling.placement_strategy=STRICT_SPREAD"),
             ],

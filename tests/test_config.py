@@ -37,7 +37,7 @@ def test_pretraining_only_keys_are_unknown_to_fine_tuning():
     assert load_config(PretrainJobConfig, None, ["train.plateau_warning_after=0.5"]).train.plateau_warning_after == 0.5
     for key, unknown in (
         ("train.plateau_warning_after=0.5", "train.plateau_warning_after"),
-        ("lr_range.test=1", "lr_range"),
+        ("lr_range.steps=10", "lr_range"),
     ):
         with pytest.raises(ConfigError, match=rf"{unknown}: unknown key"):
             load_config(FinetuneJobConfig, None, [key])
@@ -110,8 +110,9 @@ def test_override_keeps_the_job_s_own_section_defaults():
         ("prepare_data", "run.name=prepare", "data.output"),
         ("prepare_data", "run.seed=1", "data.seed"),
         ("demo", "data.inputs=[a.txt]", None),
-        ("demo", "train.lr_range_test=true", "albert-dist pretrain's"),
-        ("pretrain", "train.lr_range_steps=10", "own section: lr_range.steps"),
+        ("demo", "train.lr_range_test=true", "a command of its own: albert-dist lr-range"),
+        ("pretrain", "train.lr_range_steps=10", "albert-dist lr-range, in its section: lr_range.steps"),
+        ("lr-range", "lr_range.test=true", None),
         ("demo", "run.resume_changes=allow", "the demo starts afresh"),
         ("tune-finetune", "run.resume_changes=allow", "a sweep resumes its trials as they were launched"),
     ],
@@ -125,6 +126,19 @@ def test_keys_a_job_does_not_read_are_unknown_with_a_hint(job, key, hint):
         load_config(JOBS[job].config_class(), None, [key])
     assert f"{name}: unknown key" + (" (" if hint else "") in str(err.value)
     assert hint is None or hint in str(err.value)
+
+
+def test_the_range_test_is_a_command_on_the_pretraining_config():
+    """`albert-dist lr-range` reads a pretraining job's config as `albert-dist pretrain` does, plus its own section,
+    which pretraining refuses, naming the command."""
+    from albert_dist.pretrain.config import LrRangeJobConfig
+
+    pretraining = PretrainJobConfig().model_dump()
+    assert LrRangeJobConfig().model_dump(exclude={"lr_range"}) == pretraining
+    assert set(LrRangeJobConfig.model_fields) == {*PretrainJobConfig.model_fields, "lr_range"}
+    assert load_config(LrRangeJobConfig, None, ["lr_range.steps=10"]).lr_range.steps == 10
+    with pytest.raises(ConfigError, match=r"lr_range: unknown key \(.*a command of its own: albert-dist lr-range\)"):
+        load_config(PretrainJobConfig, None, ["lr_range.steps=10"])
 
 
 def test_fine_tuning_length_is_epochs_or_max_steps_not_both():

@@ -5,8 +5,8 @@ without training.
 
 Each leaf key of the job's config is set to a value other than its default: a boolean flipped, another choice of
 a literal, an int plus one, a float halved (0.1 for 0), or the value `ALTERNATIVES` gives (with the other keys it
-needs). The keys that decide where a run is recorded rather than what it does are listed in `OUTPUT_ONLY`, each
-with why.
+needs). The tracking keys change the plan's `tracking` (where its MLflow run is recorded); the few keys that cannot
+change a plan are listed in `OUTPUT_ONLY`, each with why.
 """
 
 from __future__ import annotations
@@ -24,26 +24,13 @@ from albert_dist.config import load_config
 from albert_dist.data.config import DataJobConfig
 from albert_dist.errors import ConfigError
 
-TRACKING = {
-    "tracking.tracking_uri": "where the MLflow run is recorded (tracking.job_run), not what it does",
-    "tracking.experiment": "the MLflow experiment the run is recorded in",
-    "tracking.register_model": "the name the published model is registered under, after training",
-}
 OUTPUT_ONLY = {
-    "pretrain": {
-        **TRACKING,
-        **{
-            f"lr_range.{k}": "the learning-rate range test, run instead of training "
-            "(PRETRAIN.instead; test_pretrain's range test)"
-            for k in ("test", "steps", "min", "max")
-        },
-    },
+    "pretrain": {},
     "finetune": {
-        **TRACKING,
         "data.format": "the files' own format: auto reads each by its extension, another "
         "format on the same file is an error, not another plan",
     },
-    "distill": {**TRACKING, "data.format": "as fine-tuning's"},
+    "distill": {"data.format": "as fine-tuning's"},
 }
 
 
@@ -118,7 +105,14 @@ def teacher(model_dir: Path, directory: Path) -> Path:
 
 
 def common(root: Path) -> dict[str, Any]:
-    return {"run.output_dir": str(root / "elsewhere"), "run.name": "other", "train.peak_tflops": 10.0}
+    return {
+        "run.output_dir": str(root / "elsewhere"),
+        "run.name": "other",
+        "train.peak_tflops": 10.0,
+        "tracking.tracking_uri": f"sqlite:///{root / 'other.db'}",
+        "tracking.register_model": "albert-registered",
+        "tracking.experiment": "another-experiment",
+    }
 
 
 def test_every_pretraining_key_changes_the_plan(prepared):

@@ -117,6 +117,7 @@ def test_every_registered_job_has_its_effect_test():
     assert set(JOBS) == {
         "prepare_data",  # test_config_effect_prepare.py
         "pretrain",  # test_config_effect.py
+        "lr-range",  # pretrain's config, to share its YAML (not every key acts on the test); lr_range: test_pretrain.py
         "finetune",  # test_config_effect.py
         "distill",  # test_config_effect.py
         "tune-finetune",  # above

@@ -24,7 +24,7 @@ TEXT, PAIR = "Return the number of items in a container.", "Raise ValueError whe
 def test_prepare_en_and_pretrain_en_run_together_and_export_for_transformers(tmp_path, ray_session):
     from albert_dist.data.loading import load_prepared, prepared_location
     from albert_dist.data.prepare import prepare_dataset
-    from albert_dist.pretrain.job import pretrain
+    from albert_dist.pretrain.job import PRETRAIN
 
     corpus = write_stdlib_corpus(tmp_path / "corpus.txt", 400_000)
     data_cfg = load_config(
@@ -46,7 +46,7 @@ def test_prepare_en_and_pretrain_en_run_together_and_export_for_transformers(tmp
             "train.checkpoint_every=4",
         ],
     )
-    outcome = pretrain(cfg)
+    outcome = PRETRAIN.run(cfg)
     assert outcome.metrics["step"] == 4 and np.isfinite(outcome.metrics["eval_mlm_accuracy"])
 
     tokenizer = load_prepared(prepared_location(cfg)).tokenizer

@@ -132,6 +132,7 @@ def reclaim_then_return(cluster, node, root: Path) -> None:
 def main(root: Path) -> None:
     import mlflow
     import ray
+    from checkpoint_helpers import training_plan
 
     from albert_dist.config import TrainSection
     from albert_dist.pretrain.config import PretrainScalingSection
@@ -160,13 +161,14 @@ def main(root: Path) -> None:
     # the cluster's processes, the training workers' rendezvous among them
     with listeners_sampled(lambda: process_tree(os.getpid())) as listeners:
         uninterrupted = run_training(
-            name="uninterrupted",
-            storage_path=root / "uninterrupted" / "ray",
-            task=RecordingTask(str(root / "uninterrupted"), paced=False),
-            train=train,
-            scaling=PretrainScalingSection(num_workers=SLOTS, cpus_per_worker=1),
-            seed=0,
-            datasets={"train": rows},
+            training_plan(
+                name="uninterrupted",
+                storage_path=root / "uninterrupted" / "ray",
+                task=RecordingTask(str(root / "uninterrupted"), paced=False),
+                train=train,
+                scaling=PretrainScalingSection(num_workers=SLOTS, cpus_per_worker=1),
+                datasets={"train": rows},
+            )
         )
     print("UNINTERRUPTED " + json.dumps({"loss": uninterrupted.metrics["loss"]}), flush=True)
     print("LISTENERS " + json.dumps(sorted(listeners)), flush=True)

@@ -28,8 +28,8 @@ from albert_dist.data import batching
 from albert_dist.errors import DataError
 from albert_dist.finetune import data, inference
 from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
-from albert_dist.finetune.distill import PROJECTION_FILE, distill
-from albert_dist.finetune.job import finetune, prepare_task_data
+from albert_dist.finetune.distill import DISTILL, PROJECTION_FILE
+from albert_dist.finetune.job import FINETUNE, prepare_task_data
 from albert_dist.finetune.predict import run_predict
 from albert_dist.tokenizer.training import train_sentencepiece
 from albert_dist.train.loop import Trainer, WorkerEnv
@@ -73,7 +73,7 @@ def finetune_config(root, **sections) -> FinetuneJobConfig:
 
 @pytest.fixture(scope="module")
 def classifier(workspace, ray_session):
-    return finetune(finetune_config(workspace))
+    return FINETUNE.run(finetune_config(workspace))
 
 
 @pytest.mark.slow
@@ -104,7 +104,8 @@ def test_mlflow_run_holds_metrics_model_and_lineage(classifier, workspace):
 
 @pytest.mark.slow
 def test_checkpoint_loads_in_transformers_with_same_predictions(classifier, workspace):
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     from albert_dist.model import AlbertForSequenceClassification
 
     theirs = transformers.AlbertForSequenceClassification.from_pretrained(str(classifier.model_dir)).eval()
@@ -163,7 +164,7 @@ def test_unknown_dev_label_fails_before_training(workspace, tmp_path, ray_sessio
     write_csv(tmp_path / "dev.csv", [{"text": "a socket", "label": "yes"}, {"text": "an archive", "label": "maybe"}])
     cfg = finetune_config(workspace, data={"dev": str(tmp_path / "dev.csv")}, run={"name": "bad"})
     with pytest.raises(DataError, match=r"dev\.csv.*unknown label 'maybe'.*'label'"):
-        finetune(cfg)
+        FINETUNE.run(cfg)
 
 
 def test_a_finetune_interrupted_before_training_ends_its_mlflow_run_failed(
@@ -177,7 +178,7 @@ def test_a_finetune_interrupted_before_training_ends_its_mlflow_run_failed(
     monkeypatch.setattr(data, "to_ray_dataset", interrupted)
     cfg = finetune_config(workspace, run={"name": "interrupted", "output_dir": str(tmp_path)})
     with pytest.raises(KeyboardInterrupt):
-        finetune(cfg)
+        FINETUNE.run(cfg)
     run_id = (cfg.run.run_dir / "mlflow_run_id").read_text()
     run = MlflowClient(tracking_uri=cfg.tracking.tracking_uri).get_run(run_id)
     assert run.info.status == "FAILED"
@@ -209,7 +210,7 @@ def distill_config(workspace: Path, classifier, name: str) -> DistillJobConfig:
 
 @pytest.fixture(scope="module")
 def distilled(classifier, workspace, ray_session):
-    return distill(distill_config(workspace, classifier, "distill"))
+    return DISTILL.run(distill_config(workspace, classifier, "distill"))
 
 
 @pytest.mark.slow
@@ -364,11 +365,11 @@ def dev_metrics(metrics: dict) -> dict:
 def test_same_seed_same_machine_same_dev_metrics(classifier, distilled, workspace, ray_session):
     """Fine-tuning and distilling again with the fixtures' configs (other run names): the same dev
     metrics to the last bit (the precision is fp32; `auto` could pick bf16 on other CPUs, not between two runs)."""
-    again = finetune(finetune_config(workspace, run={"name": "classify-again"}))
+    again = FINETUNE.run(finetune_config(workspace, run={"name": "classify-again"}))
     assert dev_metrics(classifier.metrics) and dev_metrics(again.metrics) == dev_metrics(classifier.metrics)
 
     # distilling again (2 workers, as the fixture did)
-    distilled_again = distill(distill_config(workspace, classifier, "distill-again")).metrics
+    distilled_again = DISTILL.run(distill_config(workspace, classifier, "distill-again")).metrics
     assert "student_dev_accuracy" in distilled_again
     assert dev_metrics(distilled_again) == dev_metrics(distilled.metrics)
 

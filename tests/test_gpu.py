@@ -8,7 +8,7 @@ from finetune_helpers import single_rows, tiny_model_dir, write_csv
 from test_loop import Checkpoints, KeywordTask, settings
 
 from albert_dist.finetune.config import FinetuneJobConfig
-from albert_dist.finetune.job import finetune
+from albert_dist.finetune.job import FINETUNE
 from albert_dist.model import AlbertConfig, AlbertModel
 from albert_dist.tokenizer.training import train_sentencepiece
 from albert_dist.train import precision
@@ -41,7 +41,7 @@ def test_ray_train_fine_tunes_over_nccl_on_cuda(tmp_path, stdlib_corpus, ray_ses
             "tracking": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"},
         }
     )
-    outcome = finetune(cfg)
+    outcome = FINETUNE.run(cfg)
     assert outcome.train_metrics["status"] == "completed"
     assert outcome.train_metrics["replicas_identical"] == 1.0
     assert outcome.metrics["dev_accuracy"] > 0.8

@@ -1,4 +1,5 @@
-"""The job entry points (`python -m jobs.<kind>`), their YAML configs and what `albert-dist submit` sends."""
+"""The jobs' commands (the CLI's, which a Ray job runs as `python -m albert_dist.cli <command>`), their YAML configs
+and what `albert-dist submit` sends."""
 
 from __future__ import annotations
 
@@ -22,18 +23,18 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "jobs" / "configs"
 # config file stem -> (module holding the config class, class name); the module may not exist yet
 CONFIG_CLASSES = {
-    "prepare_data": ("albert_dist.config", "DataJobConfig"),
-    "pretrain_tiny": ("albert_dist.config", "PretrainJobConfig"),
-    "pretrain_base": ("albert_dist.config", "PretrainJobConfig"),
-    "pretrain_large": ("albert_dist.config", "PretrainJobConfig"),
+    "prepare_data": ("albert_dist.data.config", "DataJobConfig"),
+    "pretrain_tiny": ("albert_dist.pretrain.config", "PretrainJobConfig"),
+    "pretrain_base": ("albert_dist.pretrain.config", "PretrainJobConfig"),
+    "pretrain_large": ("albert_dist.pretrain.config", "PretrainJobConfig"),
     "finetune": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "distill": ("albert_dist.finetune.config", "DistillJobConfig"),
     "tune_finetune": ("albert_dist.tune.config", "FinetuneTuneConfig"),
     "tune_distill": ("albert_dist.tune.config", "DistillTuneConfig"),
-    "prepare_zh": ("albert_dist.config", "DataJobConfig"),
-    "pretrain_zh": ("albert_dist.config", "PretrainJobConfig"),
-    "prepare_en": ("albert_dist.config", "DataJobConfig"),
-    "pretrain_en": ("albert_dist.config", "PretrainJobConfig"),
+    "prepare_zh": ("albert_dist.data.config", "DataJobConfig"),
+    "pretrain_zh": ("albert_dist.pretrain.config", "PretrainJobConfig"),
+    "prepare_en": ("albert_dist.data.config", "DataJobConfig"),
+    "pretrain_en": ("albert_dist.pretrain.config", "PretrainJobConfig"),
     "clue_lcqmc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "clue_afqmc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "clue_tnews": ("albert_dist.finetune.config", "FinetuneJobConfig"),
@@ -89,36 +90,41 @@ def test_pretraining_reads_what_its_preparation_writes_with_masks_for_its_length
 
 
 @pytest.mark.parametrize("job", JOBS.values(), ids=lambda job: job.name)
-def test_entry_point_help(job):
+def test_job_command_help(job):
     out = subprocess.run(
-        [sys.executable, "-m", *job.entry, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "albert_dist.cli", *job.command, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert "--config" in out.stdout and "--set" in out.stdout and job.help in " ".join(out.stdout.split())
 
 
 @pytest.mark.parametrize("job", JOBS.values(), ids=lambda job: job.name)
-def test_every_registered_job_has_its_entry_module_cli_command_and_submit_entrypoint(job):
-    """The registry is the one job list: each job's jobs/ module exists, its CLI command loads its declaration's
-    config class and runs it, and submit runs its entry module."""
-    assert (REPO / (job.entry[0].replace(".", "/") + ".py")).is_file()
+def test_every_registered_job_has_its_cli_command_and_submit_entrypoint(job, monkeypatch):
+    """The registry is the one job list: each job's CLI command loads the registered config class, refuses a
+    relative output directory inside a Ray job without $ALBERT_DIST_HOME, runs the job's declaration, and submit
+    runs that command."""
     sweep_space = ["search_space={train.learning_rate: {choice: [1e-5]}}"] if job.command[0] == "tune" else []
     overrides = ["run.output_dir=elsewhere", *sweep_space]
     args = build_parser().parse_args([*job.command, *(f"--set={item}" for item in overrides)])
     called = {}
-    declaration = job.load()
-    assert callable(declaration.main) and declaration.config_class is job.config_class()
-    with pytest.MonkeyPatch.context() as patch:  # the job itself is not run
-        patch.setattr(
-            Job,
-            "load",
-            lambda self: Command(declaration.config_class, lambda cfg: called.update(job=self, cfg=cfg) or 0),
-        )
-        assert args.handler(args) == 0
-    assert called["job"] is job and type(called["cfg"]) is declaration.config_class
+    assert callable(job.load().main)
+    # the job itself is not run
+    monkeypatch.setattr(Job, "load", lambda self: Command(lambda cfg: called.update(job=self, cfg=cfg) or 0))
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.delenv("ALBERT_DIST_HOME", raising=False)
+    with pytest.raises(ConfigError, match="ALBERT_DIST_HOME"):
+        args.handler(args)
+    assert not called
+    monkeypatch.setenv("ALBERT_DIST_HOME", "/mnt/shared/albert-dist")
+    assert args.handler(args) == 0
+    assert called["job"] is job and type(called["cfg"]) is job.config_class()
     assert called["cfg"].run.output_dir == "elsewhere"
     assert build_parser().parse_args(["submit", job.name]).job == job.name
-    assert jobs_client.entrypoint(job.name, None, []) == "python -m " + " ".join(job.entry)
+    assert jobs_client.entrypoint(job.command, None, []) == "python -m albert_dist.cli " + " ".join(job.command)
 
 
 def test_an_unknown_job_is_refused_naming_the_registered_ones(capsys):
@@ -126,32 +132,10 @@ def test_an_unknown_job_is_refused_naming_the_registered_ones(capsys):
         build_parser().parse_args(["submit", "pretrian"])
     err = capsys.readouterr().err
     assert "invalid choice: 'pretrian'" in err and all(f"'{name}'" in err for name in JOBS)
-    with pytest.raises(AlbertDistError, match="unknown job 'pretrian'; the jobs are: " + ", ".join(JOBS)):
-        jobs_client.submit("pretrian", None, [], None, output_root="/mnt/x")
-
-
-def test_entry_point_reports_config_errors_in_one_line():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobs.pretrain",
-            "--config",
-            "jobs/configs/pretrain_tiny.yaml",
-            "--set",
-            "train.max_steps=-1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2
-    assert "train.max_steps" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_relative_outputs_inside_a_ray_job_need_an_output_root(monkeypatch):
-    from jobs._entry import check_output_root
+    from albert_dist.cli import check_output_root
 
     cfg = PretrainJobConfig()
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
@@ -205,23 +189,16 @@ def test_auth_header_from_token_or_token_file(tmp_path):
 
 def test_entrypoint_names_the_config_inside_the_checkout(tmp_path):
     command = jobs_client.entrypoint(
-        "pretrain", str(CONFIGS / "pretrain_tiny.yaml"), ["train.max_steps=5", "run.name=a b"]
+        ["pretrain"], str(CONFIGS / "pretrain_tiny.yaml"), ["train.max_steps=5", "run.name=a b"]
     )
     assert command == (
-        "python -m jobs.pretrain --config jobs/configs/pretrain_tiny.yaml --set train.max_steps=5 --set 'run.name=a b'"
+        "python -m albert_dist.cli pretrain --config jobs/configs/pretrain_tiny.yaml --set train.max_steps=5 "
+        "--set 'run.name=a b'"
     )
     outside = tmp_path / "mine.yaml"
     outside.write_text("run: {name: x}\n")
     with pytest.raises(AlbertDistError, match="outside the checkout"):
-        jobs_client.entrypoint("pretrain", str(outside), [])
-
-
-def test_tune_entry_point_names_its_sweeps():
-    out = subprocess.run(
-        [sys.executable, "-m", "jobs.tune", "--config", "x.yaml"], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode != 0 and "{finetune,distill}" in out.stderr
-    assert jobs_client.entrypoint("tune-distill", None, []) == "python -m jobs.tune distill"
+        jobs_client.entrypoint(["pretrain"], str(outside), [])
 
 
 def test_exit_codes_follow_the_final_status():
@@ -230,7 +207,7 @@ def test_exit_codes_follow_the_final_status():
 
 def test_submit_needs_an_absolute_output_root():
     with pytest.raises(AlbertDistError, match="absolute"):
-        jobs_client.submit("pretrain", None, [], "http://127.0.0.1:1", output_root="runs")
+        jobs_client.submit("pretrain", ["pretrain"], None, [], "http://127.0.0.1:1", output_root="runs")
 
 
 def test_cli_registers_submit_and_jobs():
@@ -260,7 +237,14 @@ def test_cli_registers_submit_and_jobs():
     )
     for action in (["list"], ["status", "x"], ["stop", "x"], ["logs", "x", "--follow"]):
         assert build_parser().parse_args(["jobs", *action]).handler
-    assert importlib.import_module("jobs._entry").main
+
+
+def test_submit_sends_the_jobs_command_words(monkeypatch):
+    submitted = []
+    monkeypatch.setattr(jobs_client, "submit", lambda *args: submitted.append(args[:3]) or 0)
+    args = build_parser().parse_args(["submit", "tune-distill", "--config", "c.yaml"])
+    assert args.handler(args) == 0
+    assert submitted == [("tune-distill", ("tune", "distill"), "c.yaml")]
 
 
 class RecordedJobs:

@@ -48,9 +48,9 @@ def server(tmp_path_factory):
 def jobs(tmp_path_factory, server, ray_session):
     """Prepare → pretrain (a few steps) → fine-tune → distill, all tracked in the server and registered."""
     from albert_dist.data.prepare import prepare_dataset
-    from albert_dist.finetune.distill import distill
-    from albert_dist.finetune.job import finetune
-    from albert_dist.pretrain.job import pretrain
+    from albert_dist.finetune.distill import DISTILL
+    from albert_dist.finetune.job import FINETUNE
+    from albert_dist.pretrain.job import PRETRAIN
 
     root = tmp_path_factory.mktemp("ui")
     defaults = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")  # what a later job would take as its store
@@ -77,7 +77,7 @@ def jobs(tmp_path_factory, server, ray_session):
         )
     )
     tracking = [f"tracking.tracking_uri={server}", f"tracking.experiment={EXPERIMENT}"]
-    pretrained = pretrain(
+    pretrained = PRETRAIN.run(
         load_config(
             PretrainJobConfig,
             None,
@@ -111,7 +111,7 @@ def jobs(tmp_path_factory, server, ray_session):
         "finetune": {"epochs": 2},
         "train": TINY_TRAIN,
     }
-    tuned = finetune(
+    tuned = FINETUNE.run(
         FinetuneJobConfig.model_validate(
             {
                 **task,
@@ -121,7 +121,7 @@ def jobs(tmp_path_factory, server, ray_session):
             }
         )
     )
-    distilled = distill(
+    distilled = DISTILL.run(
         DistillJobConfig.model_validate(
             {
                 **task,

@@ -7,10 +7,9 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-from albert_dist.model import (  # noqa: E402
+from albert_dist.model import (
     AlbertConfig,
     AlbertForMaskedLM,
     AlbertForPreTraining,

@@ -107,7 +107,7 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
     from transformers import AlbertForPreTraining as HFAlbertForPreTraining
 
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.pretrain.job import pretrain
+    from albert_dist.pretrain.job import PRETRAIN
 
     # SOP is learnt after MLM: this tiny model picks up the order cue after 150-400 steps, depending on the seed and
     # the CPU's arithmetic (a CI machine's run stayed at chance at step 400 with 5 warmup steps); with 40 warmup
@@ -119,7 +119,7 @@ def test_pretraining_learns_and_is_tracked(prepared, ray_session):
         "train.eval_every=300",
         "train.checkpoint_every=300",
     ]
-    outcome = pretrain(load_config(PretrainJobConfig, None, overrides))
+    outcome = PRETRAIN.run(load_config(PretrainJobConfig, None, overrides))
 
     m = outcome.metrics
     assert m["step"] == 600 and m["replicas_identical"] == 1.0
@@ -317,7 +317,7 @@ def test_evaluation_shows_the_unigram_baseline_and_warns_once_on_the_plateau(pre
     assert len(shown) == 4 and f"(unigram baseline {most_frequent / len(labels):.3f})" in shown[-1]
     warnings = [line for line in lines if line.startswith("warning:")]
     # an untrained model sits on the plateau: warned once, at half of the run, with the next step to take
-    assert len(warnings) == 1 and "(step 2/4)" in warnings[0] and "lr_range.test=true" in warnings[0]
+    assert len(warnings) == 1 and "(step 2/4)" in warnings[0] and "albert-dist lr-range" in warnings[0]
     assert lines.index(warnings[0]) > lines.index(shown[1])
 
     assert not [
@@ -458,7 +458,7 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
     corrupted, it resumes in phase 1 at step 4, crosses into phase 2 and ends with the same weights."""
     from mlflow.tracking import MlflowClient
 
-    from albert_dist.pretrain.job import pretrain
+    from albert_dist.pretrain.job import PRETRAIN
 
     overrides = pretrain_overrides(prepared, "phased", 12) + [
         PHASES,
@@ -467,7 +467,7 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
         "train.log_every=2",
         "train.keep_checkpoints=3",
     ]
-    first = pretrain(load_config(PretrainJobConfig, None, overrides))
+    first = PRETRAIN.run(load_config(PretrainJobConfig, None, overrides))
     assert first.metrics["step"] == 12
     uninterrupted = final_weights(prepared / "phased")
     run = MlflowClient(first.tracking_uri).get_run(first.run_id)
@@ -477,7 +477,7 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
             state = checkpoint / "training_state.pt"
             state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
 
-    again = pretrain(load_config(PretrainJobConfig, None, overrides))
+    again = PRETRAIN.run(load_config(PretrainJobConfig, None, overrides))
     assert again.metrics["resumed_from_step"] == 4 and again.metrics["step"] == 12
     assert_same_weights(uninterrupted, final_weights(prepared / "phased"))
 
@@ -485,15 +485,11 @@ def test_phased_run_resumes_exactly_across_the_phase_boundary(prepared, short_da
 def test_lr_range_test_sweeps_the_rate_and_suggests_one(prepared, ray_session, capsys):
     from mlflow.tracking import MlflowClient
 
-    from albert_dist.pretrain.job import PRETRAIN
+    from albert_dist.pretrain.config import LrRangeJobConfig
+    from albert_dist.pretrain.lr_range import LR_RANGE
 
-    overrides = pretrain_overrides(prepared, "range") + [
-        "lr_range.test=true",
-        "lr_range.steps=40",
-        "lr_range.min=1e-4",
-        "lr_range.max=30",
-    ]
-    assert PRETRAIN.main(load_config(PretrainJobConfig, None, overrides)) == 0
+    overrides = pretrain_overrides(prepared, "range") + ["lr_range.steps=40", "lr_range.min=1e-4", "lr_range.max=30"]
+    assert LR_RANGE.main(load_config(LrRangeJobConfig, None, overrides)) == 0
     out = capsys.readouterr().out
     suggested = float(re.search(r"suggested: --set train.learning_rate=(\S+) ", out).group(1))
     rates = [float(line.split()[0]) for line in out.splitlines() if re.match(r"\s+\d\S* +\d+\.\d+ +\d+\.", line)]

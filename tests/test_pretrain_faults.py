@@ -41,10 +41,10 @@ STREAMED = "data.cache=stream"
 
 
 def resume_run(root: Path, name: str, *extra: str):
-    from albert_dist.pretrain.job import pretrain
+    from albert_dist.pretrain.job import PRETRAIN
 
     overrides = pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES + list(extra)
-    return pretrain(load_config(PretrainJobConfig, None, overrides))
+    return PRETRAIN.run(load_config(PretrainJobConfig, None, overrides))
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +278,7 @@ def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and
     inside `ray.train.report` (Ray Train copying it into the run's storage). The job stops with one line naming
     the step, the stored checkpoint still verifies, and once space is freed the relaunch resumes from it."""
     from albert_dist.errors import AlbertDistError
-    from albert_dist.pretrain.job import pretrain
+    from albert_dist.pretrain.job import PRETRAIN
 
     overrides = pretrain_overrides(run_disk, "full", 40) + [
         f"data.output={prepared / 'prepared'}",
@@ -298,7 +298,7 @@ def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and
     filler.start()
     try:
         with pytest.raises(AlbertDistError) as stopped:
-            pretrain(load_config(PretrainJobConfig, None, overrides))
+            PRETRAIN.run(load_config(PretrainJobConfig, None, overrides))
     finally:
         filler.join()
     assert verifying_steps(run_disk / "full"), "no checkpoint stored before the disk filled stayed whole"
@@ -319,7 +319,7 @@ def test_a_disk_that_fills_while_ray_train_stores_a_checkpoint_stops_clearly_and
     record = run_disk / "full" / "ray" / "full" / "checkpoint_manager_snapshot.json"
     record.write_text('{"checkpoints": [{"cut off')
     verifying = verifying_steps(run_disk / "full")
-    outcome = pretrain(load_config(PretrainJobConfig, None, overrides))
+    outcome = PRETRAIN.run(load_config(PretrainJobConfig, None, overrides))
     assert outcome.metrics["step"] == 40
     assert_mid_run(outcome.metrics["resumed_from_step"], verifying, 40)
     assert record.with_name(record.name + ".unreadable").is_file()

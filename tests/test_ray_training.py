@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_helpers import training_plan
 
 from albert_dist.config import ScalingSection, TrainSection
 from albert_dist.train.loop import TaskSpec
@@ -38,14 +39,15 @@ def two_cpu_run(tmp_path_factory, ray_session):
     out = root / "threads"
     out.mkdir()
     result = run_training(
-        name="threads",
-        storage_path=root / "ray",
-        task=ThreadsRecordingTask(str(out)),
-        train=TrainSection(
-            max_steps=4, warmup_steps=0, log_every=2, eval_every=4, checkpoint_every=4, precision="fp32"
-        ),
-        scaling=ScalingSection(num_workers=1, cpus_per_worker=2),
-        seed=0,
+        training_plan(
+            name="threads",
+            storage_path=root / "ray",
+            task=ThreadsRecordingTask(str(out)),
+            train=TrainSection(
+                max_steps=4, warmup_steps=0, log_every=2, eval_every=4, checkpoint_every=4, precision="fp32"
+            ),
+            scaling=ScalingSection(num_workers=1, cpus_per_worker=2),
+        )
     )
     return result, out
 
@@ -92,20 +94,21 @@ def test_a_diverged_run_stops_with_its_message_and_keeps_the_last_good_checkpoin
     no checkpoint for Ray to carry it, and the checkpoint of step 4 stays."""
     with pytest.raises(TrainingDiverged, match=r"not finite for 4 consecutive steps \(up to step 8\)"):
         run_training(
-            name="diverged",
-            storage_path=tmp_path,
-            task=KeywordSpec(poison_from_step=5),
-            train=TrainSection(
-                max_steps=12,
-                warmup_steps=0,
-                log_every=4,
-                eval_every=4,
-                checkpoint_every=4,
-                max_nonfinite_steps=3,
-                precision="fp32",
-            ),
-            scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
-            seed=0,
+            training_plan(
+                name="diverged",
+                storage_path=tmp_path,
+                task=KeywordSpec(poison_from_step=5),
+                train=TrainSection(
+                    max_steps=12,
+                    warmup_steps=0,
+                    log_every=4,
+                    eval_every=4,
+                    checkpoint_every=4,
+                    max_nonfinite_steps=3,
+                    precision="fp32",
+                ),
+                scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
+            )
         )
     assert [
         json.loads((d / "manifest.json").read_text())["step"]
@@ -127,8 +130,8 @@ def test_a_relaunched_finished_run_whose_last_report_ray_lost_ends_at_its_end(tm
         scaling=ScalingSection(num_workers=1, cpus_per_worker=1),
         seed=0,
     )
-    first = run_training(**run)
+    first = run_training(training_plan(**run))
     (tmp_path / "ended" / "checkpoint_manager_snapshot.json").write_text('{"checkpoint_results": [')
-    again = run_training(**run)
+    again = run_training(training_plan(**run))
     assert again.metrics["step"] == 4 and again.metrics["resumed_from_step"] == 4
     assert again.metrics["eval_accuracy"] == first.metrics["eval_accuracy"]

@@ -222,10 +222,10 @@ def test_prepare_and_pretrain_on_s3(s3_env, stdlib_corpus, tmp_path, monkeypatch
     # the commands in one process, its own local Ray: the session Ray's workers were started without the
     # AWS_* variables, and a job's workers take credentials from their environment as a cluster's nodes do
     script = (
-        "import sys\nfrom albert_dist.cli import main\nfrom albert_dist.config import PretrainJobConfig, "
-        "load_config\nfrom albert_dist.pretrain.job import pretrain\n"
+        "import sys\nfrom albert_dist.cli import main\nfrom albert_dist.config import load_config\n"
+        "from albert_dist.pretrain.config import PretrainJobConfig\nfrom albert_dist.pretrain.job import PRETRAIN\n"
         f"assert not (main({cli_args(prepare)!r}) or main({cli_args(pretrain)!r}))\n"
-        f"outcome = pretrain(load_config(PretrainJobConfig, None, {relaunch!r}))\n"
+        f"outcome = PRETRAIN.run(load_config(PretrainJobConfig, None, {relaunch!r}))\n"
         "print('relaunch:', outcome.metrics['step'], outcome.metrics['resumed_from_step'], outcome.model_dir)\n"
         f"sys.exit(main({cli_args(finetune)!r}))"
     )

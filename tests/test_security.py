@@ -220,7 +220,7 @@ def test_the_rendezvous_patch_waits_for_torch():
     """A local Ray's worker setup keeps the training rendezvous on loopback without importing torch itself (a data
     task or an actor would pay ~2 CPU seconds for it); the patch lands when torch.distributed is imported."""
     probe = (
-        "import sys; from albert_dist import ray_init; ray_init.keep_rendezvous_on_its_address(); "
+        "import sys; from albert_dist.cluster import ray_init; ray_init.keep_rendezvous_on_its_address(); "
         "print('torch' in sys.modules); import torch.distributed; "
         "print(sys.modules['torch.distributed.rendezvous']._create_c10d_store.__name__)"
     )
@@ -319,7 +319,7 @@ def test_a_tracking_password_is_not_sent_with_a_job():
     assert CANARY not in repr(runtime)
     assert jobs_client.withheld_secrets(env) == ["MLFLOW_TRACKING_USERNAME", "the user info of MLFLOW_TRACKING_URI"]
     with pytest.raises(AlbertDistError, match="command line") as err:  # Ray logs a job's entry point too
-        jobs_client.entrypoint("pretrain", None, [f"tracking.tracking_uri=https://a:{CANARY}@h"])
+        jobs_client.entrypoint(["pretrain"], None, [f"tracking.tracking_uri=https://a:{CANARY}@h"])
     assert CANARY not in str(err.value)
 
 

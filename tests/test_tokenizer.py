@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+import transformers
 from chinese_helpers import zh_word_lines
 
-from albert_dist import tokenizer as tokenizer_module
 from albert_dist.errors import TokenizerError
+from albert_dist.tokenizer import training as tokenizer_module
 from albert_dist.tokenizer.albert_tokenizer import AlbertTokenizer, load_tokenizer, truncate_longest_first
 from albert_dist.tokenizer.backends import ALBERT_USER_SYMBOLS, albert_preprocess
 from albert_dist.tokenizer.training import train_sentencepiece, train_wordpiece
-
-transformers = pytest.importorskip("transformers")
 
 ENGLISH_TEXTS = [
     "Hello world",

@@ -160,11 +160,18 @@ def job_config(store: str, tmp_path, name: str):
     )
 
 
+def tracked(cfg, job: str, tags=None, extra_params=None):
+    """The job run of `cfg` as a training job opens it: its run target, its flat params and its YAML."""
+    from albert_dist.config import dump_yaml, flatten
+    from albert_dist.train.plan import run_target
+
+    params = {**flatten(cfg), **(extra_params or {})}
+    return tracking.job_run(run_target(cfg), job, params=params, config_yaml=dump_yaml(cfg), tags=tags)
+
+
 def test_job_run_ends_finished_and_a_relaunch_resumes_the_same_run(store, tmp_path):
     cfg = job_config(store, tmp_path, "ok")
-    with tracking.job_run(
-        cfg, "pretrain", tags={"albert_dist.source_model": "m"}, extra_params={"world_size": 2}
-    ) as run:
+    with tracked(cfg, "pretrain", tags={"albert_dist.source_model": "m"}, extra_params={"world_size": 2}) as run:
         client = tracking._client(run.uri)
         assert client.get_run(run.run_id).info.status == "RUNNING"
     first = client.get_run(run.run_id)
@@ -175,7 +182,7 @@ def test_job_run_ends_finished_and_a_relaunch_resumes_the_same_run(store, tmp_pa
     config = client.download_artifacts(run.run_id, "config/pretrain.yaml", str(tmp_path / "artifacts"))
     assert "name: ok" in open(config).read()
 
-    with tracking.job_run(cfg, "pretrain") as again:
+    with tracked(cfg, "pretrain") as again:
         assert again.run_id == run.run_id
         assert client.get_run(run.run_id).info.status == "RUNNING"
     assert client.get_run(run.run_id).info.status == "FINISHED"
@@ -184,7 +191,7 @@ def test_job_run_ends_finished_and_a_relaunch_resumes_the_same_run(store, tmp_pa
 @pytest.mark.parametrize("error", [ValueError("bad input"), KeyboardInterrupt(), SystemExit(1)])
 def test_job_run_marks_the_run_failed_on_any_exception(store, tmp_path, error):
     with pytest.raises(type(error)):
-        with tracking.job_run(job_config(store, tmp_path, "broken"), "finetune") as run:
+        with tracked(job_config(store, tmp_path, "broken"), "finetune") as run:
             raise error
     assert tracking._client(run.uri).get_run(run.run_id).info.status == "FAILED"
 
@@ -192,7 +199,7 @@ def test_job_run_marks_the_run_failed_on_any_exception(store, tmp_path, error):
 def test_a_run_ended_by_someone_else_keeps_its_status_when_the_job_then_fails(store, tmp_path):
     # a sweep's driver ends the run of a trial its scheduler stopped (KILLED) before the trial's process stops
     with pytest.raises(KeyboardInterrupt):
-        with tracking.job_run(job_config(store, tmp_path, "stopped"), "finetune") as run:
+        with tracked(job_config(store, tmp_path, "stopped"), "finetune") as run:
             tracking.finish_run(run.uri, run.run_id, "KILLED")
             raise KeyboardInterrupt
     assert tracking._client(run.uri).get_run(run.run_id).info.status == "KILLED"
@@ -205,7 +212,7 @@ def test_a_tracking_failure_after_publishing_names_the_saved_model(store, tmp_pa
     model_dir.mkdir(parents=True)
     (model_dir / "config.json").write_text("{}")
     with pytest.raises(TrackingError) as raised:
-        with tracking.job_run(job_config(store, tmp_path, "published"), "distill") as run:
+        with tracked(job_config(store, tmp_path, "published"), "distill") as run:
             run.published(model_dir)
             run.log_artifacts(model_dir, "../outside")  # refused by MLflow: an artifact path out of the run
     message = str(raised.value)

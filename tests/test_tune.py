@@ -81,7 +81,8 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
     outcome = run_sweep(cfg)
     print(f"sweep took {time.time() - start:.0f}s", file=sys.stderr)
 
-    # the console has one line per trial's start and end instead of Tune's live tables (--verbose shows those)
+    # the console has one line per trial's start and two per end (the trial, the sweep's progress line) instead
+    # of Tune's live tables (--verbose shows those)
     out = capsys.readouterr().out
     assert "Trial name" not in out and "Trial status" not in out
     rows = outcome.rows
@@ -90,9 +91,12 @@ def test_asha_sweep_tracks_parent_and_children(workspace, ray_session, capsys):
         assert started and float(started.group(1)) == pytest.approx(row["train.learning_rate"], rel=1e-3)
         assert re.search(
             rf"sweep: trial {row['trial_id']} ended after {row['evaluations']} evaluation\(s\), best "
-            rf"eval_loss {row['eval_loss']:.4g} \(\d/6 trials\)",
+            rf"eval_loss {row['eval_loss']:.4g}$",
             out,
+            re.MULTILINE,
         ), out
+    ended = re.findall(r"^sweep: (\d)/6 trials \([\d.]+/s\) \| \d+% \| ETA \d+:\d\d(?::\d\d)?$", out, re.MULTILINE)
+    assert ended == [str(n) for n in range(1, 7)], out
     rows = outcome.rows
     assert len(rows) == 6
     metric_columns = [

@@ -1,4 +1,5 @@
-"""`albert-dist submit` and `albert-dist jobs`: run the job entry points (`jobs/`) on a Ray cluster.
+"""`albert-dist submit` and `albert-dist jobs`: run a job's command (`python -m albert_dist.cli <command>`) on a Ray
+cluster.
 
 The job runs in a copy of the files git tracks in this checkout, plus its config (the runtime env's
 `working_dir`), that Ray deletes afterwards, so the submission sets `ALBERT_DIST_HOME` to an absolute output root on
@@ -16,16 +17,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from albert_dist import job_registry
 from albert_dist.cluster.ray_init import CLUSTER_WORKER_HOOK, WORKER_ENV
 from albert_dist.errors import AlbertDistError
 from albert_dist.redaction import is_secret_name, redact_url
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT_ROOT = "/mnt/shared/albert-dist"
 # Exit status of `submit --follow` and `jobs status` for each final job status.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 2}
@@ -63,10 +63,11 @@ def client(address: str | None):
         raise AlbertDistError(f"cannot reach the Ray dashboard at {address}: {err}") from None
 
 
-def entrypoint(kind: str, config: str | None, overrides: list[str]) -> str:
+def entrypoint(command: Sequence[str], config: str | None, overrides: list[str]) -> str:
+    """The job's command line: the CLI's `command` (e.g. `data prepare`) with the config and overrides."""
     import shlex
 
-    args = ["python", "-m", *job_registry.get(kind).entry]
+    args = ["python", "-m", "albert_dist.cli", *command]
     if config:
         args += ["--config", _relative_to_repo(config)]
     for item in overrides:
@@ -158,7 +159,8 @@ def withheld_secrets(env: os._Environ | dict[str, str] = os.environ) -> list[str
 
 
 def submit(
-    kind: str,
+    job: str,
+    command: Sequence[str],
     config: str | None,
     overrides: list[str],
     address: str | None,
@@ -166,21 +168,23 @@ def submit(
     output_root: str | None = None,
     follow: bool = False,
 ) -> int:
+    """Submit the job named `job` (kept in the submission's metadata) as its CLI `command`; with `follow`, stream
+    its logs and return the exit status of its final state."""
     root = output_root or os.environ.get("ALBERT_DIST_HOME") or DEFAULT_OUTPUT_ROOT
     if not os.path.isabs(root) and "://" not in root:
         raise AlbertDistError(f"the output root must be absolute (a path every node sees), got {root!r}")
-    command = entrypoint(kind, config, overrides)
+    line = entrypoint(command, config, overrides)
     jobs = client(address)
     if name:
         name = unused_submission_id(jobs, name)
     with staged_checkout([_relative_to_repo(config)] if config else []) as working_dir:
         submission_id = jobs.submit_job(
-            entrypoint=command,
+            entrypoint=line,
             runtime_env=runtime_env(root, working_dir),
             submission_id=name,
-            metadata={"albert_dist.job": kind},
+            metadata={"albert_dist.job": job},
         )
-    print(f"submitted {submission_id}: {command}", flush=True)
+    print(f"submitted {submission_id}: {line}", flush=True)
     print(f"outputs under {root} on the cluster", flush=True)
     if withheld := withheld_secrets():
         print(

@@ -344,7 +344,7 @@ def _write_shards(
 
     from albert_dist.console import ProgressLine
 
-    progress = ProgressLine("data: instances", print_fn=log)
+    progress = ProgressLine("data", unit="instances", print_fn=log)
 
     schema = pa.unify_schemas([INSTANCE_SCHEMA, STATIC_MASK_SCHEMA]) if static else INSTANCE_SCHEMA
     writers = {name: _ShardWriter(stage / name, rows_per_shard, schema) for name in ("train", "eval")}
@@ -470,4 +470,4 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-PREPARE_DATA = Command(DataJobConfig, run_prepare)
+PREPARE_DATA = Command(run_prepare)

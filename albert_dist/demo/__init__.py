@@ -1,0 +1,1 @@
+"""`albert-dist demo`: the whole pipeline on a corpus every machine has (the Python standard library's docstrings)."""

@@ -33,6 +33,7 @@ class DemoJobConfig(Section):
             learning_rate=1e-3,
             max_steps=2400,  # held-out MLM +2.5 to +3.0 points over its unigram baseline (1,200 steps: +1.2 to +2.3)
             warmup_steps=60,
+            publish="last",
             batch_size=16,
             log_every=300,  # the console stays short: 8 progress lines and 4 evaluations
             eval_every=600,

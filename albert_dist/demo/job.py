@@ -319,4 +319,4 @@ def _summary(pre, ft, scratch, ds, sweep_table: str | None, ui: str) -> None:
     print(f"\nMLflow: {redact_url(ft.tracking_uri)}\nMLflow UI: {ui}")
 
 
-DEMO = Command(DemoJobConfig, run_demo)
+DEMO = Command(run_demo)

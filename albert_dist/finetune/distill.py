@@ -34,7 +34,8 @@ from albert_dist.model.checkpoint import CONFIG_NAME, load_config
 from albert_dist.storage import publish_dir
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 from albert_dist.train.loop import TaskSpec
-from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
+from albert_dist.train.plan import Plan, base_plan
+from albert_dist.training_job import JobOutcome, TrainingJob
 
 PROJECTION_FILE = "distill_projection.safetensors"
 
@@ -403,5 +404,4 @@ def _summary(cfg: DistillJobConfig, outcome: JobOutcome) -> list[str]:
     ]
 
 
-DISTILL = TrainingJob("distill", DistillJobConfig, plan, job.classifier_model, _summary, "distilled")
-distill = DISTILL.run
+DISTILL = TrainingJob("distill", plan, job.classifier_model, _summary, "distilled")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +44,14 @@ def saved_max_seq_length(model_dir: str | Path) -> int:
 
 @torch.no_grad()
 def predict_logits(
-    model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]], precision: str = "fp32"
+    model: torch.nn.Module,
+    batches: Iterable[dict[str, torch.Tensor]],
+    precision: str = "fp32",
+    on_batch: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """[N, num_labels] float32 logits, in batch order; the model is put in eval mode. `precision` as
-    train.precision ("auto" resolves as in training)."""
+    train.precision ("auto" resolves as in training); `on_batch` is told the rows of each batch once its logits
+    are back on the CPU."""
     model.eval()
     device = next(model.parameters()).device
     precision = amp.resolve_precision(precision, device)
@@ -60,6 +64,8 @@ def predict_logits(
                 token_type_ids=batch["token_type_ids"].to(device),
             ).logits
         outputs.append(logits.float().cpu().numpy())
+        if on_batch:
+            on_batch(len(outputs[-1]))
     return np.concatenate(outputs) if outputs else np.zeros((0, model.config.num_labels), np.float32)
 
 
@@ -69,10 +75,12 @@ def split_logits(
     batch_size: int = 64,
     pad_to_multiple_of: int = 8,
     precision: str = "fp32",
+    on_batch: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Logits of every row of `encoded`, in row order, computed over batches of rows sorted by length."""
     order = batching.length_sorted_order(encoded.arrays["length"])
-    logits = predict_logits(model, batching.batches(encoded, batch_size, pad_to_multiple_of, order), precision)
+    batches = batching.batches(encoded, batch_size, pad_to_multiple_of, order)
+    logits = predict_logits(model, batches, precision, on_batch)
     restored = np.empty_like(logits)
     restored[order] = logits
     return restored

@@ -26,7 +26,8 @@ from albert_dist.model import AlbertForSequenceClassification
 from albert_dist.storage import fetch_dir, is_uri, join_location, read_bytes
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 from albert_dist.tracking import run as tracking
-from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
+from albert_dist.train.plan import Plan, base_plan
+from albert_dist.training_job import JobOutcome, TrainingJob
 
 
 @dataclass
@@ -277,5 +278,4 @@ def _summary(cfg: FinetuneJobConfig, outcome: JobOutcome) -> list[str]:
     ]
 
 
-FINETUNE = TrainingJob("finetune", FinetuneJobConfig, plan, classifier_model, _summary, "finetuned")
-finetune = FINETUNE.run
+FINETUNE = TrainingJob("finetune", plan, classifier_model, _summary, "finetuned")

@@ -114,10 +114,6 @@ class AlbertConfig:
             raise ConfigError(f"unknown ALBERT preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls(**{"embedding_size": 128, **PRESETS[name], **overrides})
 
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -1,4 +1,5 @@
-"""`albert-dist pretrain`'s config: the model, the prepared data it reads, elastic scaling, the loop with its phases, the learning-rate range test."""
+"""`albert-dist pretrain`'s config: the model, the prepared data it reads, elastic scaling, the loop with its phases;
+`albert-dist lr-range`'s: the same plus the learning-rate range test's sweep."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from albert_dist.config import (
     TrainBase,
     TrainingJobConfig,
     TrainSection,
-    _warmup_fits,
     changed_from_default,
+    warmup_fits,
     without_credentials,
 )
 from albert_dist.data.config import DataSection, MaskingSection
@@ -113,20 +114,19 @@ class PretrainTrainSection(TrainBase):
     the pretraining task reads, the held-out batches, the plateau warning and the sequence-length phases."""
 
     key_hints = {
-        f"lr_range_{key}": f"the learning-rate range test is albert-dist pretrain's own section: lr_range.{key}"
-        for key in ("test", "steps", "min", "max")
+        "lr_range_test": "the learning-rate range test is a command of its own: albert-dist lr-range",
+        **{
+            f"lr_range_{key}": f"the learning-rate range test is albert-dist lr-range, in its section: lr_range.{key}"
+            for key in ("steps", "min", "max")
+        },
     }
 
+    # TrainSection's field, declared here too: a section sits at most two levels below Section (test_config)
     warmup_steps: int = Field(100, ge=0)
     eval_batches: int = Field(
         20,
         gt=0,
         description="Evaluation reads this many batches of batch_size held-out sequences (in all, not per worker).",
-    )
-    publish: Literal["best", "last"] = Field(
-        "last",
-        description="The model published as <run>/model: the last step's (the best evaluation's kept in "
-        "<run>/best_model too), or the best evaluation's.",
     )
     plateau_warning_after: float | None = Field(
         0.25,
@@ -158,7 +158,7 @@ class PretrainTrainSection(TrainBase):
                 pass  # field validation names what is wrong with the phases
         return values
 
-    _warmup_fits = model_validator(mode="after")(_warmup_fits)
+    _warmup_fits = model_validator(mode="after")(warmup_fits)
 
     @model_validator(mode="after")
     def _phases_fill_the_run(self) -> PretrainTrainSection:
@@ -176,14 +176,9 @@ class PretrainTrainSection(TrainBase):
 
 
 class LrRangeSection(Section):
-    """`albert-dist pretrain`'s learning-rate range test, run instead of training when `test` is true: `steps`
-    steps of train.optimizer, the rate growing exponentially from `min` to `max`."""
+    """`albert-dist lr-range`'s sweep: `steps` steps of train.optimizer, the rate growing exponentially from `min`
+    to `max`."""
 
-    test: bool = Field(
-        False,
-        description="Instead of training, run the test, print loss against rate and a suggested "
-        "train.learning_rate, log the plot to MLflow.",
-    )
     steps: int = Field(100, ge=5)
     min: float = Field(1e-5, gt=0)
     max: float = Field(1.0, gt=0)
@@ -202,7 +197,23 @@ class PretrainJobConfig(TrainingJobConfig):
     model: ModelSection = Field(default_factory=ModelSection)
     data: PretrainDataSection = Field(default_factory=PretrainDataSection)
     masking: MaskingSection = Field(default_factory=MaskingSection)
-    train: PretrainTrainSection = Field(default_factory=PretrainTrainSection)
+    # the last step's model: a pretrained encoder is judged downstream, not by its held-out MLM at one step
+    train: PretrainTrainSection = Field(default_factory=lambda: PretrainTrainSection(publish="last"))
+
+    key_hints = {"lr_range": "the learning-rate range test is a command of its own: albert-dist lr-range"}
+
+
+class LrRangeJobConfig(TrainingJobConfig):
+    """`albert-dist lr-range`: a pretraining job's sections, so that the test runs on that job's data, model and
+    optimizer (its YAML serves both commands), plus the sweep of learning rates. The sections are listed again
+    rather than inherited from `PretrainJobConfig`: a reader finds each section in the config class they opened or
+    its one parent."""
+
+    scaling: PretrainScalingSection = Field(default_factory=PretrainScalingSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: PretrainDataSection = Field(default_factory=PretrainDataSection)
+    masking: MaskingSection = Field(default_factory=MaskingSection)
+    train: PretrainTrainSection = Field(default_factory=lambda: PretrainTrainSection(publish="last"))
     lr_range: LrRangeSection = Field(default_factory=LrRangeSection)
 
 

@@ -22,7 +22,8 @@ from albert_dist.pretrain.config import PretrainJobConfig
 from albert_dist.pretrain.mlflow_model import EncoderModel
 from albert_dist.pretrain.task import PhaseSpec, PretrainingSpec
 from albert_dist.tracking import run as tracking
-from albert_dist.training_job import JobOutcome, Plan, TrainingJob, base_plan
+from albert_dist.train.plan import Plan, base_plan
+from albert_dist.training_job import JobOutcome, TrainingJob
 
 VERIFIED_SHARDS = "verified_shards.json"  # in the run dir: the shards checked against the manifest, and when
 
@@ -182,62 +183,6 @@ def pretraining_model_config(cfg: PretrainJobConfig, manifest: dict[str, Any]) -
     return model_config
 
 
-def lr_range_test(cfg: PretrainJobConfig):
-    """The learning-rate range test of `lr_range.test` on the job's data and model, in this process (one
-    worker's batches), tracked as its own MLflow run; returns the `RangeTest`."""
-    import tempfile
-
-    from albert_dist.cluster.ray_init import ensure_ray
-    from albert_dist.data.loading import load_prepared, prepared_location
-    from albert_dist.train.lr_range import run_range_test
-
-    ensure_ray()
-    data_dir = prepared_location(cfg)
-    prepared = load_prepared(data_dir)
-    s, sweep = cfg.train, cfg.lr_range
-    with tracking.job_run(
-        cfg,
-        "lr_range_test",
-        run_dir=cfg.run.locate("lr_range_test"),
-        run_name=f"{cfg.run.name}-lr-range-test",
-        extra_params={"data.prepared_dir": str(data_dir)},
-    ) as run:
-        print(
-            f"learning-rate range test: {s.optimizer}, {sweep.steps} steps from {sweep.min:g} to "
-            f"{sweep.max:g}, the run's global batch ({s.batch_size} x {cfg.scaling.worker_range[1]} worker(s) x "
-            f"{s.grad_accum_steps}); MLflow run {run.run_id}"
-        )
-        task = pretraining_spec(cfg, prepared, data_dir).build(rank=0, world_size=1, dataset=prepared.dataset)
-        result = run_range_test(task, s, sweep, cfg.run.seed)
-        with tempfile.TemporaryDirectory() as tmp:
-            result.plot(Path(tmp) / "lr_range_test.png")
-            (Path(tmp) / "lr_range_test.json").write_text(
-                json.dumps(
-                    {
-                        "learning_rate": result.learning_rates,
-                        "loss": result.losses,
-                        "smoothed_loss": result.smoothed,
-                        "suggested_learning_rate": result.suggested,
-                    }
-                )
-            )
-            run.log_artifacts(tmp, "lr_range_test")
-        run.log_params({"suggested_learning_rate": result.suggested})
-    print(result.table())
-    print(
-        f"suggested: --set train.learning_rate={result.suggested:.2g} (a tenth of the rate with the lowest "
-        f"smoothed loss; {s.optimizer})\nplot: MLflow run {run.run_id}, artifact lr_range_test/lr_range_test.png"
-    )
-    return result
-
-
-def _range_test_instead(cfg: PretrainJobConfig) -> int | None:
-    if cfg.lr_range.test:
-        lr_range_test(cfg)
-        return 0
-    return None
-
-
 def _summary(cfg: PretrainJobConfig, outcome: JobOutcome) -> list[str]:
     m = outcome.metrics
     return [
@@ -247,13 +192,4 @@ def _summary(cfg: PretrainJobConfig, outcome: JobOutcome) -> list[str]:
     ]
 
 
-PRETRAIN = TrainingJob(
-    "pretrain",
-    PretrainJobConfig,
-    plan,
-    lambda cfg: EncoderModel(),
-    _summary,
-    "pretrained",
-    instead=_range_test_instead,
-)
-pretrain = PRETRAIN.run
+PRETRAIN = TrainingJob("pretrain", plan, lambda cfg: EncoderModel(), _summary, "pretrained")

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from albert_dist.config import dump_yaml, flatten
 from albert_dist.errors import StorageError, TrackingError
 from albert_dist.redaction import redact, redact_url
 from albert_dist.storage import join_location, publish_text, read_bytes
@@ -39,6 +38,9 @@ _KEY_COLLISION = re.compile(r"UNIQUE constraint failed|duplicate key|Duplicate e
 
 def _client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
+
+    if tracking_uri.startswith("sqlite:///"):  # SQLite creates its file, not the directory it sits in
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
 
     # the jobs print where their run is themselves; MLflow's own "View run … at <URI>" line would repeat it
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -276,42 +278,39 @@ class JobRun:
         return f"MLflow run {self.run_id} marked FAILED"
 
 
+@dataclass(frozen=True)
+class RunTarget:
+    """Where a job's MLflow run is recorded, resolved from its config before anything runs: the store, the
+    experiment, the directory that keeps the run's id (a path or a URI), the run's name, and the name its model is
+    registered under (None: not registered)."""
+
+    uri: str
+    experiment: str
+    run_dir: Path | str
+    name: str
+    register_as: str | None = None
+
+
 @contextlib.contextmanager
 def job_run(
-    cfg,
-    job: str,
-    *,
-    tags: dict[str, str] | None = None,
-    params: dict[str, Any] | None = None,
-    extra_params: dict[str, Any] | None = None,
-    settings=None,
-    run_dir: Path | str | None = None,
-    run_name: str | None = None,
+    target: RunTarget, job: str, *, params: dict[str, Any], config_yaml: str, tags: dict[str, str] | None = None
 ) -> Iterator[JobRun]:
     """The tracked MLflow run of a job, around everything the job does once its input is validated.
 
-    Opens the run of the run directory (resumes it on a relaunch), tagged `albert_dist.job=<job>` plus `tags`;
-    logs the job config as params (flattened and redacted; `params` replaces them, `extra_params` adds to them)
-    and as the artifact `config/<job>.yaml`. The run ends FINISHED when the block ends, FAILED on any exception
-    (Ctrl-C and exit included). `settings` is the config holding the `run` and `tracking` sections (default
-    `cfg`; a sweep's is its job's); `run_dir` and `run_name` default to its run's.
+    Opens the run of `target.run_dir` (resumes it on a relaunch), tagged `albert_dist.job=<job>` plus `tags`;
+    logs the flat `params` (redacted) and the job's config as the artifact `config/<job>.yaml`. The run ends
+    FINISHED when the block ends, FAILED on any exception (Ctrl-C and exit included).
 
     An MLflow failure after the job published its model (`JobRun.published`) is one `TrackingError` saying
     where the model is; another error then carries that as a note."""
-    settings = settings or cfg
-    uri = settings.tracking.resolved_uri(settings.run.output_dir)
-    with tracking_errors(f"opening the run in {redact_url(uri)}"):
+    with tracking_errors(f"opening the run in {redact_url(target.uri)}"):
         run_id = start_or_resume_run(
-            uri,
-            settings.tracking.experiment,
-            run_dir or settings.run.locate(),
-            run_name or settings.run.name,
-            tags={JOB_TAG: job, **(tags or {})},
+            target.uri, target.experiment, target.run_dir, target.name, tags={JOB_TAG: job, **(tags or {})}
         )
-    run = JobRun(uri, run_id, settings.tracking.register_model)
+    run = JobRun(target.uri, run_id, target.register_as)
     try:
-        run.log_params({**(flatten(cfg) if params is None else params), **(extra_params or {})})
-        run.log_text(dump_yaml(cfg), f"config/{job.replace('-', '_')}.yaml")
+        run.log_params(params)
+        run.log_text(config_yaml, f"config/{job.replace('-', '_')}.yaml")
         yield run
         run.end("FINISHED")
     except BaseException as err:
@@ -343,11 +342,6 @@ def ui_hint(tracking_uri: str) -> str:
     if tracking_uri.startswith("sqlite:"):
         return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
     return f"open {redact_url(tracking_uri)} (through an SSH tunnel or port-forward when it is remote)"
-
-
-def tracking_env() -> dict[str, str]:
-    """Environment variables that point workers and jobs at the same tracking server."""
-    return {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_TRACKING_")}
 
 
 def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, str | Path, str, dict]]) -> None:

@@ -61,7 +61,6 @@ RELAUNCH_MAY_CHANGE = (
     "train.publish",
     "train.peak_tflops",
     "train.plateau_warning_after",
-    "lr_range.",
     "train.deterministic",
 )
 STATE_FILE = "training_state.pt"

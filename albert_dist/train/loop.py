@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from albert_dist.config import TrainSection
+from albert_dist.console import format_duration
 from albert_dist.train import checkpointing, optim, precision
 from albert_dist.train.collectives import gather_objects
 
@@ -415,7 +416,7 @@ class Trainer:
             )
             self.env.print_fn(
                 f"step {step}/{total} | {shown} | {metrics['tokens_per_s']:.0f} tok/s "
-                f"| lr {metrics['learning_rate']:.3g} | ETA {_duration(eta)}"
+                f"| lr {metrics['learning_rate']:.3g} | ETA {format_duration(eta)}"
             )
 
     def _show_evaluation(self, metrics: dict[str, float]) -> None:
@@ -436,7 +437,7 @@ class Trainer:
                 f"warning: {what} {value:.3f} is not {PLATEAU_MARGIN * 100:.0f} point above its baseline "
                 f"{baseline:.3f} after {step / total:.0%} of the run (step {step}/{total}): the model has learned "
                 f"nothing beyond the most frequent piece yet. Find a learning rate that learns with the LR range "
-                f"test: the same command with --set lr_range.test=true"
+                f"test: albert-dist lr-range with this run's --config and --set"
             )
 
     @torch.no_grad()
@@ -529,12 +530,3 @@ def all_reduce_sums(sums: dict[str, torch.Tensor], device: torch.device) -> dict
         dist.all_reduce(packed)
     summed = packed.split([part.numel() for part in parts])
     return {k: (part.tolist() if shapes[k] else part.item()) for k, part in zip(keys, summed)}
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-    )

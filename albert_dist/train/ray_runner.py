@@ -29,7 +29,8 @@ from albert_dist.errors import AlbertDistError, ConfigError, disk_full_error, is
 from albert_dist.storage import filesystem, is_uri, join_location, object_store_error
 from albert_dist.train import checkpointing
 from albert_dist.train.collectives import broadcast_object
-from albert_dist.train.loop import TaskSpec, Trainer, WorkerEnv
+from albert_dist.train.loop import Trainer, WorkerEnv
+from albert_dist.train.plan import Plan
 
 
 class TrainingStalled(AlbertDistError):
@@ -72,52 +73,42 @@ def torch_threads(scaling: ScalingSection) -> int:
 
 
 def run_training(
-    *,
-    name: str,
-    storage_path: Path | str,
-    task: TaskSpec,
-    train: TrainSection,
-    scaling: ScalingSection,
-    seed: int,
-    datasets: dict[str, Any] | None = None,
-    split_datasets: bool = False,
-    tracking: tuple[str, str] | None = None,
-    publish_to: Path | str | None = None,
-    callbacks: list | None = None,
-    fingerprint: dict[str, Any] | None = None,
-    resume_changes: str = "refuse",
+    plan: Plan, *, tracking: tuple[str, str] | None = None, callbacks: list | None = None
 ) -> TrainingResult:
-    """Fit the task `task` describes with the shared loop on `scaling.num_workers` Ray Train workers.
+    """Fit the task of `plan` with the shared loop on its Ray Train workers; `tracking` is the MLflow run (store,
+    run id) rank 0 logs metrics into, `callbacks` Ray Train callbacks (a sweep's trial passes Tune's).
 
-    Each worker builds its `TrainingTask` from `task` (`TaskSpec.build`). Datasets are passed whole to every
-    worker unless `split_datasets` (the tasks shard them themselves, deterministically, so a resumed run sees
-    exactly the batches it had not trained on yet).
+    Each worker builds its `TrainingTask` from `plan.task` (`TaskSpec.build`). Datasets are passed whole to every
+    worker: the tasks shard them themselves, deterministically, so a resumed run sees exactly the batches it had
+    not trained on yet.
 
-    `fingerprint` (`checkpointing.fingerprint`) is recorded in every checkpoint; a relaunch whose fingerprint
-    differs from its newest checkpoint's stops before training (`resume_changes` "refuse") or resumes and records
-    the changes as an MLflow tag ("allow").
+    `plan.fingerprint` (`checkpointing.fingerprint`) is recorded in every checkpoint; a relaunch whose fingerprint
+    differs from its newest checkpoint's stops before training (`plan.resume_changes` "refuse") or resumes and
+    records the changes as an MLflow tag ("allow").
     """
     from ray.data import DataContext
 
+    name, storage_path, train, scaling = plan.name, plan.storage_path, plan.train, plan.scaling
     storage_dir = join_location(storage_path, name)
     _set_aside_unreadable_ray_record(storage_dir)
-    if fingerprint is not None:
-        _check_relaunch(storage_dir, name, fingerprint, resume_changes, tracking)
-    training_data_context()
+    if plan.fingerprint is not None:
+        _check_relaunch(storage_dir, name, plan.fingerprint, plan.resume_changes, tracking)
+    training_data_context()  # before the datasets are made: a dataset keeps the context it was made in
+    datasets = plan.datasets()
     options = DataContext.get_current().execution_options
     # in object storage, Ray Train stores checkpoints through the same retrying filesystem as everything else
     storage_fs, storage_in_fs = filesystem(str(storage_path)) if is_uri(storage_path) else (None, str(storage_path))
     trainer = ray.train.torch.TorchTrainer(
         _train_worker,
         train_loop_config={
-            "task": task,
+            "task": plan.task,
             "train": train.model_dump(),
-            "seed": seed,
+            "seed": plan.seed,
             "tracking": tracking,
             "storage_dir": str(storage_dir),
-            "publish_to": str(publish_to) if publish_to else None,
+            "publish_to": str(plan.publish_to) if plan.publish_to else None,
             "torch_threads": torch_threads(scaling),
-            "fingerprint": fingerprint,
+            "fingerprint": plan.fingerprint,
         },
         scaling_config=scaling_config(scaling),
         run_config=RunConfig(
@@ -131,7 +122,7 @@ def run_training(
             callbacks=callbacks or None,
         ),
         datasets=datasets or None,
-        dataset_config=DataConfig(datasets_to_split="all" if split_datasets else [], execution_options=options),
+        dataset_config=DataConfig(datasets_to_split=[], execution_options=options),
     )
     try:
         result = trainer.fit()

@@ -14,8 +14,10 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 from ray import tune
 
+from albert_dist.config import dump_yaml
 from albert_dist.storage import publish_text
 from albert_dist.tracking import run as tracking
+from albert_dist.train.plan import run_target
 from albert_dist.tune.report import stop_reason, trial_best
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -27,11 +29,9 @@ def parent_run(cfg):
     """The tracked parent run of the sweep `cfg` (a `tracking.job_run` context), in the job's tracking store and
     experiment."""
     return tracking.job_run(
-        cfg,
+        run_target(cfg.job, run_dir=cfg.sweep_dir, name=cfg.run.name),
         f"tune-{cfg.kind}",
-        settings=cfg.job,
-        run_dir=cfg.sweep_dir,
-        run_name=cfg.run.name,
+        config_yaml=dump_yaml(cfg),
         params={
             "metric": cfg.tune_metric,
             "mode": cfg.tune_mode,

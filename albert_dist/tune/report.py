@@ -10,6 +10,8 @@ from typing import Any
 
 from ray import tune
 
+from albert_dist.console import ProgressLine
+
 OUTCOME_FILE = "trial_outcome.json"  # written by a trial whose driver ran to the end
 STOP_REASONS = {"completed": "completed", "early-stopped": "early-stopped by the scheduler", "error": "error"}
 
@@ -95,13 +97,18 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 class TrialProgress(tune.Callback):
-    """A Tune callback printing one line when a trial starts and one when it ends (its parameters, then its best
-    `metric`): what the console shows of a sweep instead of Tune's live tables, which `--verbose` brings back."""
+    """A Tune callback printing one line when a trial starts and two when it ends (its best `metric`, then the
+    sweep's progress line: trials ended of `num_samples`, their rate and the ETA): what the console shows of a
+    sweep instead of Tune's live tables, which `--verbose` brings back."""
 
     def __init__(self, metric: str, mode: str, params: list[str], num_samples: int):
         # no print function kept: Tune pickles its callbacks, and Ray Train may have replaced builtins.print since
         self.metric, self.mode, self.params, self.num_samples = metric, mode, params, num_samples
-        self.ended = 0
+
+    def setup(self, **info):
+        # here, not in __init__: the clock starts as the trials do, in this process (a resumed sweep unpickles
+        # the callback the Tuner pickled when it was first built)
+        self.progress = ProgressLine("sweep", unit="trials", total=self.num_samples, every_s=0.0)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         settings = ", ".join(f"{p}={_cell(trial.config.get(p))}" for p in self.params)
@@ -114,12 +121,12 @@ class TrialProgress(tune.Callback):
         self._ended(trial, "failed")
 
     def _ended(self, trial, how: str) -> None:
-        self.ended += 1
         best = trial_best(trial, self.metric, self.mode)
         print(
             f"sweep: trial {trial.trial_id} {how} after {trial.last_result.get('training_iteration', 0)} "
-            f"evaluation(s), best {self.metric} {_cell(best)} ({self.ended}/{self.num_samples} trials)"
+            f"evaluation(s), best {self.metric} {_cell(best)}"
         )
+        self.progress.update(1)
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:

@@ -23,7 +23,7 @@ from albert_dist.storage import publish_dir
 from albert_dist.tracking.run import JobRun
 from albert_dist.train.checkpointing import PUBLISHED_MODEL
 from albert_dist.tune import mlflow_runs, report, space
-from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig, TuneJobConfig
+from albert_dist.tune.config import TuneJobConfig
 from albert_dist.tune.trainable import TrialSetup, run_trial
 
 
@@ -179,5 +179,5 @@ def run_tune(cfg: TuneJobConfig) -> int:
     return 0
 
 
-FINETUNE_SWEEP = Command(FinetuneTuneConfig, run_tune)
-DISTILL_SWEEP = Command(DistillTuneConfig, run_tune)
+FINETUNE_SWEEP = Command(run_tune)
+DISTILL_SWEEP = Command(run_tune)

@@ -1,22 +1,28 @@
-"""Learning-rate range test (Smith 2017, "Cyclical Learning Rates"; fastai's lr_find): train for a few steps
-while the learning rate grows exponentially from `min_lr` to `max_lr`, record the loss at each, and suggest the
-rate a tenth of the one where the smoothed loss is lowest (past it the loss turns up and training diverges).
+"""`albert-dist lr-range`: the learning-rate range test (Smith 2017, "Cyclical Learning Rates"; fastai's lr_find):
+train for a few steps while the learning rate grows exponentially from `lr_range.min` to `lr_range.max`, record the
+loss at each, and suggest the rate a tenth of the one where the smoothed loss is lowest (past it the loss turns up
+and training diverges).
 
-It runs on the task's own model and training batches, with the job's optimizer, so the suggestion fits them.
+It runs on a pretraining job's own model and training batches, with the job's optimizer, so the suggestion fits them.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from albert_dist.config import TrainBase
-from albert_dist.pretrain.config import LrRangeSection
+from albert_dist.config import TrainBase, dump_yaml, flatten
+from albert_dist.job_registry import Command
+from albert_dist.pretrain.config import LrRangeJobConfig, LrRangeSection
+from albert_dist.pretrain.job import pretraining_spec
+from albert_dist.tracking import run as tracking
 from albert_dist.train import optim
 from albert_dist.train.loop import TrainingTask
+from albert_dist.train.plan import run_target
 
 SMOOTHING = 0.9  # exponential moving average of the loss, debiased
 DIVERGED = 4.0  # stop once the smoothed loss exceeds this many times its minimum
@@ -117,3 +123,58 @@ def _endless(task: TrainingTask):
     while True:
         yield from task.train_batches(epoch)
         epoch += 1
+
+
+def lr_range_test(cfg: LrRangeJobConfig) -> RangeTest:
+    """The range test on the job's data and model, in this process (one worker's batches), tracked as its own
+    MLflow run; returns the `RangeTest`."""
+    import tempfile
+
+    from albert_dist.cluster.ray_init import ensure_ray
+    from albert_dist.data.loading import load_prepared, prepared_location
+
+    ensure_ray()
+    data_dir = prepared_location(cfg)
+    prepared = load_prepared(data_dir)
+    s, sweep = cfg.train, cfg.lr_range
+    with tracking.job_run(
+        run_target(cfg, run_dir=cfg.run.locate("lr_range_test"), name=f"{cfg.run.name}-lr-range-test"),
+        "lr_range_test",
+        params={**flatten(cfg), "data.prepared_dir": str(data_dir)},
+        config_yaml=dump_yaml(cfg),
+    ) as run:
+        print(
+            f"learning-rate range test: {s.optimizer}, {sweep.steps} steps from {sweep.min:g} to "
+            f"{sweep.max:g}, the run's global batch ({s.batch_size} x {cfg.scaling.worker_range[1]} worker(s) x "
+            f"{s.grad_accum_steps}); MLflow run {run.run_id}"
+        )
+        task = pretraining_spec(cfg, prepared, data_dir).build(rank=0, world_size=1, dataset=prepared.dataset)
+        result = run_range_test(task, s, sweep, cfg.run.seed)
+        with tempfile.TemporaryDirectory() as tmp:
+            result.plot(Path(tmp) / "lr_range_test.png")
+            (Path(tmp) / "lr_range_test.json").write_text(
+                json.dumps(
+                    {
+                        "learning_rate": result.learning_rates,
+                        "loss": result.losses,
+                        "smoothed_loss": result.smoothed,
+                        "suggested_learning_rate": result.suggested,
+                    }
+                )
+            )
+            run.log_artifacts(tmp, "lr_range_test")
+        run.log_params({"suggested_learning_rate": result.suggested})
+    print(result.table())
+    print(
+        f"suggested: --set train.learning_rate={result.suggested:.2g} (a tenth of the rate with the lowest "
+        f"smoothed loss; {s.optimizer})\nplot: MLflow run {run.run_id}, artifact lr_range_test/lr_range_test.png"
+    )
+    return result
+
+
+def _main(cfg: LrRangeJobConfig) -> int:
+    lr_range_test(cfg)
+    return 0
+
+
+LR_RANGE = Command(_main)
