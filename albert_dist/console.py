@@ -10,6 +10,7 @@ ALBERT_DIST_VERBOSE=1 shows everything, as Ray does by default.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -17,10 +18,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 VERBOSE_ENV = "ALBERT_DIST_VERBOSE"
+MLFLOW_PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 HIDDEN_LOG = "albert-dist-hidden.log"
 _HANDLER = "ray_print_logs"  # the name Ray gives its handler of forwarded worker output
 
@@ -65,10 +68,33 @@ def quiet_ray() -> Path | None:
 
 
 def quiet_mlflow() -> None:
-    """Quiet mode: MLflow's INFO lines about setting up a new SQLite store are not shown."""
+    """MLflow's own console output, everywhere the project talks to MLflow (the CLI, drivers, workers): no "View run
+    … at <URI>" line (the jobs print where their run is themselves) and, unless verbose, no INFO lines about setting
+    up a new SQLite store."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if not verbose():
         for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
             logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def mlflow_muted() -> Iterator[None]:
+    """While a model is logged: no progress bar, advice or warning about what is deliberate there (a Python object
+    without type hints or input example, pickled by reference to the installed package); errors still show."""
+    logger = logging.getLogger("mlflow")
+    level, bar = logger.level, os.environ.get(MLFLOW_PROGRESS_BAR)
+    os.environ[MLFLOW_PROGRESS_BAR] = "false"
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+        if bar is None:
+            os.environ.pop(MLFLOW_PROGRESS_BAR, None)
+        else:
+            os.environ[MLFLOW_PROGRESS_BAR] = bar
 
 
 def tune_verbosity() -> int | None:

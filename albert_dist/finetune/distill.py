@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from albert_dist.data import batching
 from albert_dist.errors import ConfigError
-from albert_dist.finetune import data, inference, job
+from albert_dist.finetune import inference, job
 from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
@@ -277,7 +278,7 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
         precision=cfg.train.precision,
     )
     t_metrics, s_metrics = inference.evaluate(teacher, dev, **evaluate), inference.evaluate(student, dev, **evaluate)
-    batch = next(data.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
+    batch = next(batching.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
     models = {"teacher": teacher, "student": student}
     speed = inference.throughputs(models, batch, cfg.train.precision, cfg.distill.speed_repeats)
     flops = {name: model.flops_per_token(batch["input_ids"].shape[1], training=False) for name, model in models.items()}

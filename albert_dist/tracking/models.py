@@ -10,27 +10,16 @@ text's embedding (the mean of the last hidden states). Loading needs the albert-
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import warnings
 from pathlib import Path
 
 import mlflow.pyfunc
 
+from albert_dist.console import mlflow_muted
+
 MODEL_ARTIFACT = "model_dir"
-
-
-# The LoggedModel's name within its run. Not "model", the run's folder of plain model files: MLflow lists a run's
-# `model` artifacts together with a LoggedModel of that name, which it looks up in the *default* tracking store, so
-# `MlflowClient(uri).list_artifacts(run, "model")` failed ("Logged model ... not found") unless $MLFLOW_TRACKING_URI
-# happened to name the run's store.
 TEXT, TEXT_PAIR = "text", "text_pair"
-
-
 BATCH_SIZE = 64
-
-
-PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 class DataFrameModel(mlflow.pyfunc.PythonModel):
@@ -56,7 +45,7 @@ def log_model(
     from mlflow.types import ColSpec, Schema
 
     columns = [TEXT, TEXT_PAIR] if getattr(python_model, "pair", False) else [TEXT]
-    with _fluent_api_on(tracking_uri, run_id), _quiet_mlflow():
+    with _fluent_api_on(tracking_uri, run_id), mlflow_muted():
         # Model.log rather than pyfunc.log_model: it takes the run id, so no fluent run is opened (and ended) here
         info = Model.log(
             artifact_path=None,
@@ -96,26 +85,6 @@ def _fluent_api_on(tracking_uri: str, run_id: str):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _quiet_mlflow():
-    """No progress bar, advice or warning about what is deliberate here (a Python object without type hints or
-    input example, pickled by reference to the installed package); errors still show."""
-    logger = logging.getLogger("mlflow")
-    level, bar = logger.level, os.environ.get(PROGRESS_BAR)
-    os.environ[PROGRESS_BAR] = "false"
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            yield
-    finally:
-        logger.setLevel(level)
-        if bar is None:
-            os.environ.pop(PROGRESS_BAR, None)
-        else:
-            os.environ[PROGRESS_BAR] = bar
 
 
 def _requirements() -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import subprocess
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from albert_dist.console import quiet_mlflow
 from albert_dist.errors import StorageError, TrackingError
 from albert_dist.redaction import redact, redact_url
 from albert_dist.storage import join_location, publish_text, read_bytes
@@ -42,8 +42,7 @@ def _client(tracking_uri: str):
     if tracking_uri.startswith("sqlite:///"):  # SQLite creates its file, not the directory it sits in
         Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
 
-    # the jobs print where their run is themselves; MLflow's own "View run … at <URI>" line would repeat it
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    quiet_mlflow()
     return MlflowClient(tracking_uri=tracking_uri)
 
 
