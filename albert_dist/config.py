@@ -6,6 +6,8 @@ sections below. Unknown keys and impossible values raise `ConfigError` with one 
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -306,7 +308,7 @@ def load_config(cls: type[ConfigT], path: str | Path | None = None, overrides: l
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
     apply_overrides(raw, overrides or [])
-    return validate_config(cls, merge(cls().model_dump(), raw), source)
+    return validate_config(cls, merge(default_values(cls), raw), source)
 
 
 def merge(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
@@ -355,8 +357,19 @@ def _key_hint(cls: type[BaseModel] | None, loc: tuple) -> str | None:
     return cls.key_hints.get(str(loc[-1])) if isinstance(cls, type) and issubclass(cls, Section) else None
 
 
-def flatten(config: BaseModel) -> dict[str, Any]:
-    """`section.field -> value`, for MLflow params."""
+def default_values(cls: type[BaseModel]) -> dict[str, Any]:
+    """The defaults of the config class `cls` as plain values (made once per class: making them runs every
+    validator of every section)."""
+    return copy.deepcopy(_defaults(cls))
+
+
+@functools.cache
+def _defaults(cls: type[BaseModel]) -> dict[str, Any]:
+    return cls().model_dump()
+
+
+def flatten(config: BaseModel | dict[str, Any]) -> dict[str, Any]:
+    """`section.field -> value` of a config or of its plain values, for MLflow params."""
     out: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -366,7 +379,7 @@ def flatten(config: BaseModel) -> dict[str, Any]:
         else:
             out[prefix] = value
 
-    walk("", config.model_dump())
+    walk("", config if isinstance(config, dict) else config.model_dump())
     return out
 
 

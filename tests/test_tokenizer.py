@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pickle
 import random
+import string
 from pathlib import Path
 
 import pytest
 import sentencepiece as spm
 import transformers
-from chinese_helpers import zh_word_lines
+from chinese_helpers import ZH_SENTENCES, zh_word_lines
 
 from albert_dist.errors import TokenizerError
 from albert_dist.tokenizer import training as tokenizer_module
@@ -311,6 +312,86 @@ def test_wordpiece_save_loads_in_transformers(chinese, tmp_path):
 
 def test_wordpiece_pickle(chinese):
     assert pickle.loads(pickle.dumps(chinese)).encode(ZH_TEXTS[1]) == chinese.encode(ZH_TEXTS[1])
+
+
+WEB_LINE = "这款USB-C充电器只要99元, 比XP时代快10倍! 评分4.5/5~"
+
+
+def _full_width(text: str) -> str:
+    """ASCII `!`..`~` as their full-width forms U+FF01..U+FF5E."""
+    return "".join(chr(ord(c) + 0xFEE0) for c in text)
+
+
+def _full_width_lines(n: int, seed: int = 0) -> list[str]:
+    """Chinese as People's Daily writes it: a few hundred common hanzi, and digits, Latin letters and punctuation
+    all full-width; the numbers recur, so a trainer that merges digits learns them whole."""
+    rng = random.Random(seed)
+    common = (
+        "的一是不了人我在有他这为之大来以个中上们到说国和地也子时道出而要于就"
+        "下得可你年生自会那后能对着事其里所去行过家十用发天如然作方成者多日都"
+        "三小军二无同么经法当起与好看学进种将还分此心前面又定见只主没公从款评"
+        "充电元倍快代"
+    )
+    hanzi = sorted({c for c in "".join(ZH_SENTENCES) + common if "\u4e00" <= c <= "\u9fff"})
+    numbers = [_full_width(str(rng.randrange(10 ** rng.randint(1, 12)))) for _ in range(40)]
+    latin = [_full_width(w) for w in ("USB", "XP", "CEO", "GDP", "WTO", "CPU", "IT", "Windows")]
+    lines = []
+    for _ in range(n):
+        parts = ["".join(rng.choices(hanzi, k=rng.randint(2, 8))) for _ in range(rng.randint(2, 6))]
+        for _ in range(rng.randint(1, 3)):
+            parts.insert(rng.randrange(len(parts) + 1), rng.choice(numbers + latin))
+        lines.append("".join(p + rng.choice("，、；：") for p in parts[:-1]) + parts[-1] + rng.choice("。！？"))
+    return lines
+
+
+@pytest.fixture(scope="module")
+def full_width_wordpiece(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wordpiece_full_width")
+    corpus = out / "corpus.txt"
+    corpus.write_text("\n".join(_full_width_lines(3000)) + "\n", encoding="utf-8")
+    train_wordpiece(corpus, out, 1000, progress=lambda _: None)
+    return out
+
+
+def test_wordpiece_from_full_width_text_reads_half_width_text(full_width_wordpiece):
+    """A vocabulary trained on text that writes digits, Latin letters and punctuation only full-width still spells
+    their ordinary ASCII forms, through our tokenizer and through transformers on the saved tokenizer."""
+    ours = load_tokenizer(full_width_wordpiece)
+    tokens = ours.tokenize(WEB_LINE)
+    share = tokens.count("[UNK]") / len(tokens)
+    print(f"[UNK] share of the web line: {share:.1%} ({tokens})")
+    assert "[UNK]" not in tokens, f"{share:.1%} of the tokens are [UNK]: {tokens}"
+    hf = transformers.AutoTokenizer.from_pretrained(ours.save(full_width_wordpiece / "export"))
+    fast = transformers.BertTokenizerFast.from_pretrained(full_width_wordpiece / "export")
+    for theirs in (hf, fast):
+        assert theirs.encode(WEB_LINE, add_special_tokens=False) == ours.encode(WEB_LINE)
+        assert theirs.unk_token_id not in theirs.encode(WEB_LINE, add_special_tokens=False)
+
+
+def test_wordpiece_holds_the_base_alphabet_and_learns_no_numbers(full_width_wordpiece):
+    vocab = (full_width_wordpiece / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(vocab) <= 1000
+    ascii_alphabet = string.ascii_lowercase + string.digits + string.punctuation
+    full_width = "".join(chr(cp) for cp in range(0xFF01, 0xFF5F)).lower()
+    word_chars = string.ascii_lowercase + string.digits + _full_width(string.ascii_lowercase + string.digits)
+    expected = [*ascii_alphabet, *full_width, *"、。〈〉《》「」『』【】〔〕…—‘’“”", *("##" + c for c in word_chars)]
+    assert [t for t in expected if t not in vocab] == []
+    pieces = [t.removeprefix("##") for t in vocab]
+    assert [t for t in pieces if t.isdigit() and len(t) > 1] == []  # str.isdigit holds for full-width digits too
+    ours = load_tokenizer(full_width_wordpiece)
+    for number in ("9017917664794", _full_width("9017917664794"), "70548"):
+        assert ours.tokenize(number) == [number[0], *("##" + d for d in number[1:])]
+
+
+def test_wordpiece_base_alphabet_takes_priority_over_vocab_size(tmp_path):
+    """A vocab_size too small for the base alphabet and the corpus's CJK characters is exceeded, not enforced."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(_full_width_lines(50)) + "\n", encoding="utf-8")
+    train_wordpiece(corpus, tmp_path, 16, progress=lambda _: None)
+    vocab = (tmp_path / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    hanzi = {c for line in _full_width_lines(50) for c in line if "\u4e00" <= c <= "\u9fff"}
+    assert hanzi <= set(vocab) and {"a", "##a", "9", "##9", "ａ", "##９", "，", "。"} <= set(vocab)
+    assert load_tokenizer(tmp_path).tokenize("USB 99") == ["u", "##s", "##b", "9", "##9"]
 
 
 # ---- native encoders over thousands of real lines ----

@@ -175,6 +175,25 @@ def _run_trainer(
         raise TokenizerError(f"sentencepiece training on {', '.join(map(str, paths))} failed: {e}") from e
 
 
+# Characters every trained vocabulary spells whatever its corpus writes: ASCII letters, digits and punctuation, their
+# full-width forms (U+FF01-U+FF5E) and the punctuation of Chinese text. A corpus that writes digits and Latin letters
+# in one width only (People's Daily: full-width) would otherwise turn the other width, and so most web text, to [UNK].
+_BASE_CHARACTERS = (
+    "".join(map(chr, range(0x21, 0x7F)))
+    + "".join(map(chr, range(0xFF01, 0xFF5F)))
+    + "、。〃〈〉《》「」『』【】〔〕〖〗〜〝〞…—–‘’“”·￥"
+)
+
+
+def _base_alphabet(pipeline) -> list[str]:
+    """`_BASE_CHARACTERS` as the BERT `pipeline`'s normalizer leaves them (lowercased), then the `##` form of each
+    its pre-tokenizer keeps inside a word (letters, digits, and symbols BERT does not count as punctuation, such as
+    ＋ and ～), so that any word or number of them can be spelled piece by piece."""
+    chars = dict.fromkeys(pipeline.normalizer.normalize_str(c) for c in _BASE_CHARACTERS)
+    continuing = [c for c in chars if len(pipeline.pre_tokenizer.pre_tokenize_str("a" + c)) == 1]
+    return [*chars, *("##" + c for c in continuing)]
+
+
 def train_wordpiece(
     inputs: str | os.PathLike | Iterable[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -185,11 +204,16 @@ def train_wordpiece(
     progress: Callable[[str], None] = print,
 ) -> Path:
     """Train a BERT-Chinese style `vocab.txt` in `out_dir`, laid out as albert_zh's: [PAD] [UNK] [CLS] [SEP] [MASK]
-    first, each CJK character of the sample one token, WordPiece pieces (`##` continuations) for Latin words and
-    numbers. The `tokenizers` library's WordPiece trainer runs behind BERT's normaliser and pre-tokenizer, which
-    isolate every CJK character; its `##字` entries are dropped (a CJK character is always a word of its own, so
-    they could never be produced) and their room given to Latin pieces. Lines are sampled as for SentencePiece."""
-    from tokenizers import models, trainers
+    first, then the base alphabet (`_base_alphabet`: both widths of ASCII letters, digits and punctuation, Chinese
+    punctuation, `##` forms of letters and digits), each CJK character of the sample one token, then WordPiece
+    pieces (`##` continuations) for Latin words. The `tokenizers` library's WordPiece trainer runs behind BERT's
+    normaliser and pre-tokenizer, which isolate every CJK character; its `##字` entries are dropped (a CJK
+    character is always a word of its own, so they could never be produced) and their room given to Latin pieces.
+    While training only, every digit is a word of its own, so no number is learned whole: encoding spells numbers
+    with digit pieces (`2`, `##0`, ...). The special tokens, the base alphabet and the CJK characters take priority
+    over `vocab_size`: the learned pieces fill the room left, and a `vocab_size` smaller than those gives a larger
+    vocabulary of just them. Lines are sampled as for SentencePiece."""
+    from tokenizers import models, pre_tokenizers, trainers
 
     if input_sentence_size < 1:
         raise TokenizerError(f"input_sentence_size must be at least 1, not {input_sentence_size}")
@@ -197,19 +221,28 @@ def train_wordpiece(
     lines = _sample_lines(paths, input_sentence_size, random.Random(seed), progress, str.strip, "wordpiece")
     if not lines:
         raise TokenizerError(f"empty corpus: no non-blank lines in {', '.join(map(str, paths))}")
-    cjk = {c for line in lines for c in line if is_cjk(ord(c))}
+    cjk_seen = {c for line in lines for c in line if is_cjk(ord(c))}
     model = bert_pipeline(
         models.WordPiece(unk_token=WordPieceBackend._SPECIAL["unk"], max_input_chars_per_word=WORDPIECE_MAX_CHARS)
     )
     specials = [WordPieceBackend._SPECIAL[role] for role in SPECIAL_ROLES]
+    base = _base_alphabet(model)
+    model.pre_tokenizer = pre_tokenizers.Sequence([model.pre_tokenizer, pre_tokenizers.Digits(individual_digits=True)])
     model.train_from_iterator(
-        lines, trainers.WordPieceTrainer(vocab_size=vocab_size + len(cjk), special_tokens=specials, show_progress=False)
+        lines,
+        trainers.WordPieceTrainer(vocab_size=vocab_size + len(cjk_seen), special_tokens=specials, show_progress=False),
     )
-    ordered = sorted(model.get_vocab().items(), key=lambda item: item[1])
-    tokens = [t for t, _ in ordered if not (t.startswith("##") and len(t) == 3 and is_cjk(ord(t[2])))]
-    tokens = tokens[: max(vocab_size, len(specials) + len(cjk))]
+    ordered = [t for t, _ in sorted(model.get_vocab().items(), key=lambda item: item[1])]
+    # The trainer's characters, not the raw ones: the normalizer maps CJK compatibility ideographs to unified ones.
+    cjk = [t for t in ordered if len(t) == 1 and is_cjk(ord(t))]
+    required = [*specials, *base, *cjk]
+    placed = {*required, *("##" + c for c in cjk)}
+    learned = [t for t in ordered if t not in placed]
+    tokens = required + learned[: max(0, vocab_size - len(required))]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     WordPieceBackend(tokens, str(out_dir)).save_files(out_dir)
-    progress(f"wordpiece: trained {len(tokens)} tokens, {len(cjk)} CJK characters")  # the caller says where
+    progress(  # the caller says where
+        f"wordpiece: trained {len(tokens)} tokens: {len(base)} of the base alphabet, {len(cjk)} CJK characters"
+    )
     return out_dir / WORDPIECE_FILE

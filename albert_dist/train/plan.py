@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_dist.config import ScalingSection, TrainSection, flatten
+from albert_dist.config import ScalingSection, TrainSection, default_values, flatten
 from albert_dist.storage import join_location
 from albert_dist.tracking.run import JobRun, RunTarget
 from albert_dist.train import checkpointing
@@ -97,7 +97,7 @@ def base_plan(cfg, *, task: TaskSpec, train: TrainSection, data_digest: str | No
         name=cfg.run.name,
         storage_path=cfg.run.locate("ray"),
         publish_to=cfg.run.locate(),
-        fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest, flatten(type(cfg)())),
+        fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest, flatten(default_values(type(cfg)))),
         resume_changes=cfg.run.resume_changes,
         tracking=run_target(cfg),
         **rest,
