@@ -5,6 +5,9 @@ models run interleaved in one process (alternating which goes first each round) 
 background load hits both alike. MFU = model FLOPs/s over the device's measured GEMM peak in the same dtype.
 fp16 runs without a GradScaler: this times the step, it does not train.
 
+On CUDA the run ends with one PASS/FAIL line per goal whose row it measured (`CUDA_GOALS`) and exits 1 when one
+fails; on the CPU no goal applies and it exits 0.
+
     python benchmarks/bench_model.py                      # ALBERT-base, 8x128 and 2x512, fp32 and bf16 autocast
     python benchmarks/bench_model.py --steps 1 --rounds 1 --shapes 2x64 --dtypes fp32   # smoke run
     python benchmarks/bench_model.py --device cuda --presets base,large --shapes 32x128,8x512 --dtypes bf16,fp16
@@ -17,7 +20,9 @@ import argparse
 import copy
 import platform
 import statistics
+import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +32,45 @@ from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MASK_ID = 4
+
+
+@dataclass(frozen=True)
+class Goal:
+    """The least value that one measure of one row (preset, dtype, shape) must reach: "ratio", ours over
+    transformers' tokens/s, or "mfu", ours."""
+
+    preset: str
+    dtype: str
+    shape: str
+    measure: str
+    least: float
+
+    def shown(self, value: float) -> str:
+        if self.measure == "ratio":
+            return f"ours / transformers {value:.2f}x (goal >= {self.least:g}x)"
+        return f"MFU of ours {value:.1%} (goal >= {self.least:.0%})"
+
+
+#: What the GPU check (benchmarks/gpu_check.sh, step 3) holds the model to; a run on the CPU reports its table only.
+CUDA_GOALS = (
+    Goal("base", "bf16", "32x128", "ratio", 1.5),
+    Goal("large", "bf16", "8x512", "mfu", 0.5),
+)
+
+
+def check_goals(goals: tuple[Goal, ...], measured: dict[tuple[str, str, str], dict[str, float]]) -> bool:
+    """Print one line per goal, PASS or FAIL for a measured row, and whether none failed."""
+    passed = True
+    for goal in goals:
+        row = f"{goal.preset} {goal.dtype} {goal.shape}"
+        values = measured.get((goal.preset, goal.dtype, goal.shape))
+        if values is None:
+            print(f"goal not checked: {row} is not among the rows of this run")
+            continue
+        ok = values[goal.measure] >= goal.least
+        passed &= ok
+        print(f"{'PASS' if ok else 'FAIL'}  {row}: {goal.shown(values[goal.measure])}")
+    return passed
 
 
 def make_batch(config: AlbertConfig, B: int, T: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -139,7 +183,7 @@ def cpu_name() -> str:
         return platform.processor()
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -160,6 +204,7 @@ def main() -> None:
         f"machine: {where}; torch {torch.__version__}, transformers {transformers.__version__}; AdamW, "
         f"{args.rounds} rounds x {args.steps} steps"
     )
+    measured: dict[tuple[str, str, str], dict[str, float]] = {}
     print("| preset | dtype | shape | ours tok/s | transformers tok/s | ratio | MFU ours / transformers |")
     print("|---|---|---|---|---|---|---|")
     for dtype_name in args.dtypes.split(","):
@@ -174,6 +219,7 @@ def main() -> None:
                 batch = {k: v.to(device) for k, v in make_batch(config, B, T).items()}
                 rates = measure(models, batch, dtype, args.steps, args.rounds)
                 mfu = {name: rate * flops_per_token(config, T) / peak for name, rate in rates.items()}
+                measured[(preset, dtype_name, f"{B}x{T}")] = {"ratio": rates["ours"] / rates["hf"], "mfu": mfu["ours"]}
                 print(
                     f"| {preset} | {dtype_name} | {B}x{T} | {rates['ours']:.0f} | {rates['hf']:.0f} | "
                     f"{rates['ours'] / rates['hf']:.2f}x | {mfu['ours']:.1%} / {mfu['hf']:.1%} |",
@@ -186,7 +232,8 @@ def main() -> None:
                         flush=True,
                     )
                 del models
+    return 0 if check_goals(CUDA_GOALS if device.type == "cuda" else (), measured) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,9 @@
 """The GPU path, made right on the CPU: every generator a rank draws from is in its checkpoint, `train.deterministic`
-requests deterministic kernels, the training step never reads a value back from the device, and the step, both
-optimizers, a restored checkpoint and packed batches never mix devices."""
+requests deterministic kernels, a training step of each of the product's tasks never makes the host wait for the
+device, and the step, both optimizers, a restored checkpoint and packed batches never mix devices."""
 
+import contextlib
+import itertools
 import shutil
 import sys
 import traceback
@@ -13,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from albert_dist.config import TrainSection
-from albert_dist.model import AlbertConfig, AlbertForPreTraining
+from albert_dist.model import AlbertConfig, AlbertForPreTraining, AlbertForSequenceClassification
 from albert_dist.train import checkpointing, loop
 from albert_dist.train.loop import Trainer, WorkerEnv
 
@@ -95,70 +97,282 @@ def test_deterministic_requests_deterministic_kernels(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ host reads
 
+aten = torch.ops.aten
+#: ops that make the host wait for the device: a value handed to the host (`.item()`, `bool()`, `float()` and `int()`
+#: end in `_local_scalar_dense`), or an output whose size only the values tell (CUDA reads the size back first)
+WAITING_OPS = {
+    aten._local_scalar_dense,
+    aten.nonzero,
+    aten.bincount,
+    aten.masked_select,
+    aten._unique,
+    aten._unique2,
+    aten.unique_dim,
+    aten.unique_consecutive,
+    aten.unique_dim_consecutive,
+}
+INDEX_OPS = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
 
-class HostReads(TorchDispatchMode):
-    """Records every op that hands a tensor's value to the host: `.item()`, `bool()`, `float()`, `int()` all end
-    in `_local_scalar_dense`. On a GPU each one waits for every kernel queued before it."""
+
+def waits(func, args, kwargs) -> bool:
+    """Whether the op makes the host wait: one of WAITING_OPS, an index by a boolean mask (a `nonzero` under the
+    hood), or `repeat_interleave` by a tensor of repeats without its `output_size`."""
+    packet = func.overloadpacket
+    if packet in WAITING_OPS:
+        return True
+    if packet in INDEX_OPS:
+        indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    if packet is aten.repeat_interleave:
+        return func is not aten.repeat_interleave.self_int and kwargs.get("output_size") is None
+    return False
+
+
+class HostWaits(TorchDispatchMode):
+    """Records every op that `waits`: on a GPU each one waits for every kernel queued before it."""
 
     def __init__(self):
         super().__init__()
         self.where: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.where.append(_caller())
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if waits(func, args, kwargs):
+            self.where.append(f"{func}: {_caller()}")
+        return func(*args, **kwargs)
 
 
 def _caller() -> str:
-    frames = [f for f in traceback.extract_stack() if "albert_dist" in f.filename or "torch" in f.filename]
+    frames = [
+        f
+        for f in traceback.extract_stack()
+        if ("albert_dist" in f.filename or "torch" in f.filename) and "/torch/_" not in f.filename
+    ]
     return " < ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(frames[-4:]))
 
 
+@contextlib.contextmanager
+def host_waits(monkeypatch):
+    """The block's ops that make the host wait (`HostWaits`), and its `.tolist()`, `.numpy()` and `.cpu()` calls:
+    on CPU tensors those dispatch no op, so they are counted where they are called."""
+    where: list[str] = []
+    with monkeypatch.context() as patch:
+        for name in ("tolist", "numpy", "cpu"):
+            original = getattr(torch.Tensor, name)
+
+            def counted(self, *args, _original=original, _name=name, **kwargs):
+                where.append(f"{_name}: {_caller()}")
+                return _original(self, *args, **kwargs)
+
+            patch.setattr(torch.Tensor, name, counted)
+        with HostWaits() as mode:
+            yield where
+        where.extend(mode.where)
+
+
+def test_the_watch_sees_every_way_to_wait(monkeypatch):
+    x, mask, repeats = torch.arange(6.0), torch.arange(6) % 2 == 0, torch.tensor([1, 2])
+    waiting = {
+        "item": lambda: x.sum().item(),
+        "bool": lambda: bool(x.sum() > 0),
+        "nonzero": lambda: torch.nonzero(mask),
+        "bincount": lambda: torch.bincount(repeats),
+        "masked_select": lambda: x.masked_select(mask),
+        "unique": lambda: torch.unique(repeats),
+        "unique_consecutive": lambda: torch.unique_consecutive(repeats),
+        "index by a mask": lambda: x[mask],
+        "index_put by a mask": lambda: x.clone().index_put_((mask,), torch.tensor(0.0)),
+        "repeat_interleave": lambda: torch.repeat_interleave(repeats),
+        "cpu": lambda: x.cpu(),
+        "tolist": lambda: x.tolist(),
+    }
+    for name, op in waiting.items():
+        with host_waits(monkeypatch) as where:
+            op()
+        assert where, name
+    with host_waits(monkeypatch) as where:
+        x[torch.tensor([0, 2])], x.repeat_interleave(repeats.repeat(3), output_size=9), torch.argsort(x, stable=True)
+    assert where == []
+
+
+# the product's tasks on in-memory data; TINY's 60 ids: [PAD] [UNK] [CLS] [SEP] [MASK], then words
+PAD, CLS, SEP, MASK = 0, 2, 3, 4
+SEQ = 32
+
+
+class InMemory:
+    """A dataset as the tasks read one (Ray Data's `iter_batches` of numpy columns), from columns in memory."""
+
+    def __init__(self, columns: dict[str, np.ndarray]):
+        self.columns = columns
+
+    def iter_batches(self, *, batch_size: int, batch_format: str = "numpy", drop_last: bool = False, **_):
+        rows = len(next(iter(self.columns.values())))
+        for start in range(0, rows - rows % batch_size if drop_last else rows, batch_size):
+            yield {k: v[start : start + batch_size] for k, v in self.columns.items()}
+
+
+def ragged(arrays: list[np.ndarray]) -> np.ndarray:
+    out = np.empty(len(arrays), object)
+    for i, array in enumerate(arrays):
+        out[i] = array
+    return out
+
+
+def instances(count: int, seed: int) -> InMemory:
+    """[CLS] A [SEP] B [SEP] pretraining instances, as prepared data holds them."""
+    rng = np.random.default_rng(seed)
+    ids, types, starts = [], [], []
+    for a, b in rng.integers(1, 14, (count, 2)):
+        ids.append(np.concatenate([[CLS], rng.integers(5, 60, a), [SEP], rng.integers(5, 60, b), [SEP]]))
+        types.append((np.arange(len(ids[-1])) > a + 1).astype(np.int64))
+        starts.append(rng.random(len(ids[-1])) < 0.7)
+    return InMemory(
+        {
+            "input_ids": ragged(ids),
+            "token_type_ids": ragged(types),
+            "word_start": ragged(starts),
+            "sop_label": rng.integers(0, 2, count),
+        }
+    )
+
+
+def labelled(count: int, seed: int) -> InMemory:
+    """Fine-tuning rows as encoded task data holds them: label = whether the first word is above the middle."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(6, SEQ + 1, count)
+    ids = rng.integers(5, 60, (count, SEQ)) * (np.arange(SEQ) < lengths[:, None])
+    ids[:, 0] = CLS
+    return InMemory(
+        {
+            "input_ids": ids,
+            "token_type_ids": np.zeros_like(ids),
+            "length": lengths,
+            "label": (ids[:, 1] > 32).astype(np.int64),
+            "row": np.arange(count),
+        }
+    )
+
+
+def pretraining_task(tmp_path: Path, packing: bool):
+    from albert_dist.data.config import MaskingSection
+    from albert_dist.pretrain.task import PretrainingSpec
+
+    manifest = {
+        "tokenizer": {
+            "vocab_size": TINY["vocab_size"],
+            "pad_id": PAD,
+            "mask_id": MASK,
+            "special_ids": [CLS, SEP, MASK],
+        },
+        "config": {"masking": MaskingSection().model_dump()},
+    }
+    spec = PretrainingSpec(
+        prepared_dir=str(tmp_path),
+        manifest=manifest,
+        model_config=AlbertConfig(**TINY).to_dict(),
+        masking=MaskingSection(mlm_probability=0.3, max_predictions_per_seq=6),
+        batch_size=8,
+        max_seq_length=SEQ,
+        seed=0,
+        eval_batches=1,
+        has_eval=True,
+        packing=packing,
+    )
+    return spec.build(0, 1, {"train": instances(32, 0), "eval": instances(8, 1)}.__getitem__)
+
+
+def saved_model(directory: Path, cls=AlbertForPreTraining, **config) -> Path:
+    torch.manual_seed(0)
+    cls(AlbertConfig(**{**TINY, **config})).save_pretrained(directory)
+    return directory
+
+
+def classification_spec(tmp_path: Path, init_from: Path):
+    from albert_dist.finetune.task import ClassificationSpec
+
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    words = [f"w{i}" for i in range(5, TINY["vocab_size"])]
+    (tokenizer / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    return ClassificationSpec(
+        init_from=str(init_from),
+        tokenizer_dir=str(tokenizer),
+        task="classification",
+        num_labels=2,
+        model_overrides={},
+        metric="accuracy",
+        patience=None,
+        layer_lr_decay=0.9,
+        lr_scales={},
+        batch_size=8,
+        eval_batch_size=8,
+        grad_accum_steps=2,
+        micro_batches_per_epoch=4,
+        eval_rows=16,
+        seed=0,
+        pad_to_multiple_of=8,
+        group_by_length=False,
+        max_seq_length=SEQ,
+    )
+
+
+def finetuning_task(tmp_path: Path):
+    spec = classification_spec(tmp_path, saved_model(tmp_path / "pretrained"))
+    return spec.build(0, 1, {"train": labelled(32, 0), "dev": labelled(16, 1)}.__getitem__)
+
+
+def distillation_task(tmp_path: Path):
+    from albert_dist.finetune.distill import DistillationSpec
+
+    teacher = saved_model(tmp_path / "teacher", AlbertForSequenceClassification, num_labels=2)
+    student = saved_model(tmp_path / "student", num_hidden_layers=1, hidden_size=16, intermediate_size=32)
+    spec = DistillationSpec(
+        classification_spec(tmp_path, student), str(teacher), temperature=2.0, alpha=0.5, hidden_weight=1.0
+    )
+    return spec.build(0, 1, {"train": labelled(32, 0), "dev": labelled(16, 1)}.__getitem__)
+
+
+PRODUCT_TASKS = {
+    "pretraining": lambda tmp_path: pretraining_task(tmp_path, packing=False),
+    "pretraining packed": lambda tmp_path: pretraining_task(tmp_path, packing=True),
+    "fine-tuning": finetuning_task,
+    "distillation": distillation_task,
+}
+
+
 @pytest.mark.parametrize(
-    "task_class, precision, optimizer",
+    "task_name, precision, optimizer",
     [
-        (ClassifyTask, "fp32", "adamw"),
-        (ClassifyTask, "fp16", "lamb"),
-        (PretrainingBatchesTask, "bf16", "lamb"),
-        (PretrainingBatchesTask, "fp16", "adamw"),
+        ("pretraining", "bf16", "lamb"),
+        ("pretraining packed", "fp16", "adamw"),
+        ("fine-tuning", "fp32", "adamw"),
+        ("fine-tuning", "fp16", "lamb"),
+        ("distillation", "bf16", "adamw"),
     ],
 )
-def test_training_steps_read_nothing_back_from_the_device(monkeypatch, task_class, precision, optimizer):
-    """Between log intervals the host never waits for the device: no scalar read, no `.tolist()`/`.numpy()`/
-    `.cpu()` in the step, the model's forward, the loss, the optimizer or the GradScaler. (fp16 + GradScaler is for
-    GPUs; the check that refuses it on CPU is lifted, as in test_loop, to run the same path.)"""
+def test_training_steps_never_wait_for_the_device(monkeypatch, tmp_path, task_name, precision, optimizer):
+    """One training step of each of the product's tasks (what the loop runs for every micro-batch: the task's loss
+    and statistics, the backward, their sums; then the clipping, the optimizer and the GradScaler) and one held-out
+    batch's statistics never make the host wait for the device: no scalar read, no `.tolist()`/`.numpy()`/`.cpu()`,
+    no op whose output size depends on values. Only the log interval's reduction reads back. Batches are collated
+    first, outside the watch: that is host work on host tensors. (fp16 + GradScaler is for GPUs; the check that
+    refuses it on CPU is lifted, as in test_loop, to run the same path.)"""
     monkeypatch.setattr(loop.precision, "resolve_precision", lambda requested, device: requested)
-    reads: list[str] = []
-    in_step = False
-    for name in ("tolist", "numpy", "cpu"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            if in_step:
-                reads.append(f"{_name}: {_caller()}")
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    trainer = Trainer(task_class(), settings(precision=precision, optimizer=optimizer, max_grad_norm=1.0), WorkerEnv())
-    steps = 0
-    train_step = trainer._train_step
-
-    def watched_step(*args):
-        nonlocal steps, in_step
-        steps, in_step = steps + 1, True
-        try:
-            with HostReads() as mode:
-                train_step(*args)
-        finally:
-            in_step = False
-        reads.extend(mode.where)
-
-    trainer._train_step = watched_step
-    result = trainer.fit()
-    assert result["status"] == "completed" and steps == 6
-    assert reads == [], reads[:5]
-    assert np.isfinite(result["loss"])
+    train = settings(precision=precision, optimizer=optimizer, max_grad_norm=1.0, grad_accum_steps=2)
+    trainer = Trainer(PRODUCT_TASKS[task_name](tmp_path), train, WorkerEnv())
+    batches = list(itertools.islice(trainer._micro_batches(), train.grad_accum_steps * trainer.task.slots_held))
+    held_out = next(iter(trainer.task.eval_batches()))
+    window, evaluation = {}, {}
+    with host_waits(monkeypatch) as where:
+        trainer._train_step(iter(batches), window)
+        trainer.model.eval()
+        with torch.no_grad(), loop.precision.autocast(precision, trainer.env.device):
+            loop._accumulate(evaluation, trainer.task.loss(trainer.model, held_out)[1])
+    assert where == [], where[:5]
+    metrics = trainer.task.summarize(loop.all_reduce_sums(window, trainer.env.device))
+    held_out_metrics = trainer.task.summarize(loop.all_reduce_sums(evaluation, trainer.env.device))
+    assert np.isfinite(metrics["loss"]) and np.isfinite(held_out_metrics["loss"])
 
 
 # -------------------------------------------------------------------------------------------- devices

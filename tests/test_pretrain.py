@@ -244,17 +244,17 @@ class CopyingModel(torch.nn.Module):
         self.mask_id, self.most_frequent, self.vocab_size = mask_id, most_frequent, vocab_size
         self.unused = torch.nn.Parameter(torch.zeros(1))  # the trainer's optimizer wants a parameter
 
-    def forward(self, input_ids, labels, sentence_order_label, **_):
+    def forward(self, input_ids, labels, sentence_order_label, mlm_positions, **_):
         from types import SimpleNamespace
 
-        guess = input_ids[labels != -100]
+        guess = input_ids.flatten()[mlm_positions]
         guess = torch.where(guess == self.mask_id, self.most_frequent, guess)
         zero = self.unused.sum() * 0
         return SimpleNamespace(
             loss=zero,
             mlm_loss=zero,
             sop_loss=zero,
-            mlm_labels=labels[labels != -100],
+            mlm_labels=labels.flatten()[mlm_positions],
             prediction_logits=torch.nn.functional.one_hot(guess, self.vocab_size).float(),
             sop_logits=torch.zeros(len(sentence_order_label), 2),
         )

@@ -73,6 +73,9 @@ class MaskingCollator:
         self.special_ids = np.array(sorted(set(special_ids) | {pad_id}), np.int64)
         self.mlm_probability = mlm_probability
         self.max_predictions = max_predictions_per_seq
+        #: the most labels one sequence of a batch holds: the cap of the masks drawn here, which `from_manifest`
+        #: raises to the data's own (that of static masks, and of the held-out masks drawn as the data was prepared)
+        self.most_predictions = max_predictions_per_seq
         self.whole_word = whole_word
         self.pad_to_multiple_of = pad_to_multiple_of
         self.mask_all = mask_all
@@ -96,7 +99,7 @@ class MaskingCollator:
         """From a prepared dataset's manifest; `masking` (a `MaskingSection`) overrides the one it was made with."""
         tok = manifest["tokenizer"]
         settings = masking.model_dump() if masking is not None else manifest["config"]["masking"]
-        return cls(
+        collator = cls(
             vocab_size=tok["vocab_size"],
             pad_id=tok["pad_id"],
             mask_id=tok["mask_id"],
@@ -104,6 +107,9 @@ class MaskingCollator:
             mask_all=mask_all,
             **_masking_kwargs(settings),
         )
+        data_cap = manifest["config"]["masking"]["max_predictions_per_seq"]
+        collator.most_predictions = max(collator.max_predictions, data_cap)
+        return collator
 
     # ---- masking ----
 

@@ -135,7 +135,9 @@ class SequenceClassificationTask(TrainingTask):
         if self.task == "classification":
             K = self.num_labels
             flat = labels.long() * K + logits.argmax(-1)
-            stats["confusion"] = torch.bincount(flat, minlength=K * K).float()
+            # a scatter into K × K counts: bincount would read the largest index back to size its output
+            confusion = torch.zeros(K * K, device=logits.device)
+            stats["confusion"] = confusion.scatter_add_(0, flat, torch.ones_like(logits[:, 0]))
         elif "row" in batch:  # evaluation: rank statistics need every prediction
             rows, size = batch["row"].long(), self.spec.eval_rows
             stats["prediction_table"] = torch.zeros(size, device=logits.device).index_put((rows,), logits[:, 0])

@@ -3,7 +3,8 @@
 Submodule names follow transformers' ALBERT so that state_dict keys match its checkpoints without renaming.
 Two things differ from transformers, for speed only: attention runs through
 `torch.nn.functional.scaled_dot_product_attention`, and when MLM labels
-are given the vocabulary projection runs only on the masked positions instead of on every token. Pretraining can
+are given the vocabulary projection runs only on the masked positions instead of on every token (or, in pretraining,
+on the `mlm_positions` given: a fixed number of them, so no shape depends on the data). Pretraining can
 also take packed rows (several sequences per row, `albert_dist.data.packing`): `position_ids`, `sequence_ids` and
 `cls_positions` say where each sequence lies; without them nothing changes.
 """
@@ -60,8 +61,8 @@ class AlbertPreTrainingOutput:
     loss: Tensor | None = None
     mlm_loss: Tensor | None = None
     sop_loss: Tensor | None = None
-    prediction_logits: Tensor | None = None  # [B, T, V] without labels; [N_masked, V] with labels
-    mlm_labels: Tensor | None = None  # [N_masked], the labels of the rows of prediction_logits
+    prediction_logits: Tensor | None = None  # [B, T, V] without labels; with them [N_masked or N mlm_positions, V]
+    mlm_labels: Tensor | None = None  # the labels of the rows of prediction_logits
     sop_logits: Tensor | None = None
     hidden_states: tuple[Tensor, ...] | None = None
 
@@ -331,15 +332,20 @@ class AlbertMLMHead(nn.Module):
         return F.linear(self.LayerNorm(self.activation(self.dense(x))), decoder_weight, self.bias)
 
 
-def masked_lm(model: AlbertPreTrainedModel, sequence: Tensor, labels: Tensor | None):
-    """(logits, labels of those rows, loss). With labels, only the positions to predict reach the V-way decoder."""
+def masked_lm(model: AlbertPreTrainedModel, sequence: Tensor, labels: Tensor | None, positions: Tensor | None = None):
+    """(logits, labels of those rows, loss). With labels, only the positions to predict reach the V-way decoder:
+    `positions` (flat indices into B × T; those labelled IGNORE_INDEX add nothing to the loss), or else every
+    labelled position."""
     decoder_weight = model.albert.embeddings.word_embeddings.weight
     if labels is None:
         return model.predictions(sequence, decoder_weight), None, None
-    masked = labels != IGNORE_INDEX
-    mlm_labels = labels[masked]
-    logits = model.predictions(sequence[masked], decoder_weight)
-    return logits, mlm_labels, F.cross_entropy(logits.float(), mlm_labels)
+    if positions is None:
+        masked = labels != IGNORE_INDEX
+        rows, mlm_labels = sequence[masked], labels[masked]
+    else:
+        rows, mlm_labels = sequence.flatten(0, 1)[positions], labels.flatten()[positions]
+    logits = model.predictions(rows, decoder_weight)
+    return logits, mlm_labels, F.cross_entropy(logits.float(), mlm_labels, ignore_index=IGNORE_INDEX)
 
 
 class AlbertSOPHead(nn.Module):
@@ -373,11 +379,14 @@ class AlbertForPreTraining(AlbertPreTrainedModel):
         labels: Tensor | None = None,
         sentence_order_label: Tensor | None = None,
         output_hidden_states: bool = False,
+        mlm_positions: Tensor | None = None,
         **packed: Tensor | None,
     ) -> AlbertPreTrainingOutput:
-        """`packed`: `position_ids`, `sequence_ids`, `cls_positions` of packed rows (see `AlbertModel.forward`)."""
+        """`mlm_positions`: the flat indices into B × T of the positions the MLM head predicts (default: those with
+        a label; see `masked_lm`). `packed`: `position_ids`, `sequence_ids`, `cls_positions` of packed rows (see
+        `AlbertModel.forward`)."""
         out = self.albert(input_ids, attention_mask, token_type_ids, output_hidden_states, **packed)
-        logits, mlm_labels, mlm_loss = masked_lm(self, out.last_hidden_state, labels)
+        logits, mlm_labels, mlm_loss = masked_lm(self, out.last_hidden_state, labels, mlm_positions)
         sop_logits = self.sop_classifier(out.pooler_output)
         sop_loss = None
         if sentence_order_label is not None:

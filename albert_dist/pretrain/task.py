@@ -59,6 +59,14 @@ class PretrainingSpec(TaskSpec):
         return PretrainingTask(self, rank, world_size, dataset)
 
 
+def prediction_positions(labels: torch.Tensor, size: int) -> torch.Tensor:
+    """`size` flat indices into B × T: every labelled position, in order, then unlabelled ones (which add nothing
+    to the loss). Its shape is the caller's, whatever the values: indexing by the mask of labelled positions would
+    give the count's shape, which a GPU reads back to the host before it can go on."""
+    unlabelled = (labels == IGNORE_INDEX).flatten().to(torch.uint8)
+    return torch.argsort(unlabelled, stable=True)[: min(size, unlabelled.numel())]
+
+
 class PretrainingTask(TrainingTask):
     best_metric, best_mode = "eval_mlm_accuracy", "max"
 
@@ -85,31 +93,35 @@ class PretrainingTask(TrainingTask):
     def loss(self, model, batch):
         from albert_dist.data.packing import PACKED_INPUTS
 
+        labels, sop_labels = batch["labels"], batch["sentence_order_label"]
+        # a fixed number of positions per sequence: the training collator's bound covers the held-out masks too
+        positions = prediction_positions(labels, sop_labels.numel() * self.collator.most_predictions)
         out = model(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
             token_type_ids=batch["token_type_ids"],
-            labels=batch["labels"],
-            sentence_order_label=batch["sentence_order_label"],
+            labels=labels,
+            sentence_order_label=sop_labels,
+            mlm_positions=positions,
             **{key: batch[key] for key in PACKED_INPUTS if key in batch},
         )
-        n_masked = out.mlm_labels.numel()
-        n_pairs = batch["sentence_order_label"].numel()
+        predicted = out.mlm_labels != IGNORE_INDEX
+        n_masked = predicted.sum()
+        n_pairs = sop_labels.numel()
         # accuracy counts only the predictions whose input shows [MASK]: a random or kept token is no test
-        shows_mask = batch["input_ids"][batch["labels"] != IGNORE_INDEX] == self.collator.mask_id
+        shows_mask = predicted & (batch["input_ids"].flatten()[positions] == self.collator.mask_id)
         stats = {
             "mlm_loss_sum": out.mlm_loss.detach() * n_masked,
             "mlm_correct": ((out.prediction_logits.argmax(-1) == out.mlm_labels) & shows_mask).sum(),
-            "mlm_count": float(n_masked),
+            "mlm_count": n_masked,
             "mlm_shown": shows_mask.sum(),
             "sop_loss_sum": out.sop_loss.detach() * n_pairs,
-            "sop_correct": (out.sop_logits.argmax(-1) == batch["sentence_order_label"]).sum(),
+            "sop_correct": (out.sop_logits.argmax(-1) == sop_labels).sum(),
             "sop_count": float(n_pairs),
         }
         if not model.training:  # evaluation: the label histogram gives the split's unigram baseline
-            stats["mlm_label_counts"] = torch.bincount(
-                out.mlm_labels[shows_mask].detach().cpu(), minlength=self.collator.vocab_size
-            )
+            counts = torch.zeros(self.collator.vocab_size, device=positions.device)
+            stats["mlm_label_counts"] = counts.scatter_add_(0, out.mlm_labels.clamp(min=0), shows_mask.float())
         return out.loss, stats
 
     def summarize(self, sums):
