@@ -67,6 +67,7 @@ def quiet_ray() -> Path | None:
     return path
 
 
+@functools.cache  # once per process: the tracking client asks for it at every request
 def quiet_mlflow() -> None:
     """MLflow's own console output, everywhere the project talks to MLflow (the CLI, drivers, workers): no "View run
     … at <URI>" line (the jobs print where their run is themselves) and, unless verbose, no INFO lines about setting

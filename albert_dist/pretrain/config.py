@@ -87,7 +87,7 @@ class PretrainScalingSection(ScalingSection):
 
     @property
     def worker_range(self) -> tuple[int, int]:
-        return self.num_workers if isinstance(self.num_workers, tuple) else super().worker_range
+        return self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers, self.num_workers)
 
 
 class PhaseSection(Section):

@@ -77,7 +77,7 @@ class Plan:
 
 def run_target(settings, run_dir: Path | str | None = None, name: str | None = None) -> RunTarget:
     """Where the MLflow run of the job config `settings` (its `run` and `tracking` sections) is recorded;
-    `run_dir` and `name` default to its run's."""
+    `run_dir` (default: the run's home, `run.locate()`) keeps its id, `name` defaults to the run's."""
     return RunTarget(
         uri=settings.tracking.resolved_uri(settings.run.output_dir),
         experiment=settings.tracking.experiment,
@@ -89,16 +89,17 @@ def run_target(settings, run_dir: Path | str | None = None, name: str | None = N
 
 def base_plan(cfg, *, task: TaskSpec, train: TrainSection, data_digest: str | None, **rest: Any) -> Plan:
     """The plan of the job `cfg` with the parts every job takes from its run, scaling and tracking sections."""
+    home = cfg.run.locate()
     return Plan(
         task=task,
         train=train,
         scaling=cfg.scaling,
         seed=cfg.run.seed,
         name=cfg.run.name,
-        storage_path=cfg.run.locate("ray"),
-        publish_to=cfg.run.locate(),
+        storage_path=join_location(home, "ray"),
+        publish_to=home,
         fingerprint=checkpointing.fingerprint(flatten(cfg), data_digest, flatten(default_values(type(cfg)))),
         resume_changes=cfg.run.resume_changes,
-        tracking=run_target(cfg),
+        tracking=run_target(cfg, run_dir=home),
         **rest,
     )
