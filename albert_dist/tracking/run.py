@@ -145,7 +145,7 @@ def source_tags(job: str | None) -> dict[str, str]:
 
 def _git(*args: str) -> str | None:
     """Output of a git command on the package's own checkout; None when the package is not one (installed)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
 
         def run(*a: str) -> str:
