@@ -87,6 +87,16 @@ def test_metrics_a_dead_worker_left_pending_are_sent_by_the_next_logger_and_not_
     assert other_run.resume_after == -1 and other_run.pending == []  # a state of another run is not taken
 
 
+def checkout_head() -> str:
+    """The commit of the checkout the tests (and the package beside them) are in."""
+    import subprocess
+    from pathlib import Path
+
+    return subprocess.run(
+        ["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def test_run_is_reused_from_the_run_directory_and_secrets_are_redacted(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
@@ -99,16 +109,6 @@ def test_run_is_reused_from_the_run_directory_and_secrets_are_redacted(tmp_path)
     commit = client.get_run(first).data.tags["albert_dist.code_version"].removesuffix("-dirty")
     assert len(commit) >= 7 and checkout_head().startswith(commit)  # the checkout's commit, not the package version
     assert client.get_run(again).data.tags["mlflow.source.git.commit"] == checkout_head()
-
-
-def checkout_head() -> str:
-    """The commit of the checkout the tests (and the package beside them) are in."""
-    import subprocess
-    from pathlib import Path
-
-    return subprocess.run(
-        ["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
 
     tracking.log_params(uri, first, {"train.lr": 0.1, "auth.api_key": "abc123", "env.RAY_AUTH_TOKEN": "t0k"})
     params = client.get_run(first).data.params
