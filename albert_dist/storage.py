@@ -1,6 +1,6 @@
-"""The storage layer: local paths and `s3://`/`gs://` URIs (resolve, join, filesystem, staging), checksums, and publishing a file or a directory so that readers see the old or the new
-one, complete, at every moment; the same for locations in object storage (`s3://`, `gs://`, through pyarrow's
-filesystems), and reading them back.
+"""The storage layer: local paths and `s3://`/`gs://` URIs (resolve, join, filesystem, staging), checksums, and
+publishing a file or a directory so that readers see the old or the new one, complete, at every moment; the same for
+locations in object storage (`s3://`, `gs://`, through pyarrow's filesystems), and reading them back.
 
 A publish writes a temporary copy beside its target, named `.TARGET.publish.HOST.PID.UUID`, then renames it over
 the target. A directory replaces only what a publish of its kind made (`check_replaceable`): a mistyped output

@@ -42,7 +42,7 @@ def test_metrics_survive_a_tracking_outage(server, tmp_path, capsys, monkeypatch
         step += 1
         logger({"loss": 1.0}, step)
     assert logger.pending == []
-    history = tracking._client(server["uri"]).get_metric_history(run_id, "loss")
+    history = tracking.mlflow_client(server["uri"]).get_metric_history(run_id, "loss")
     expected = [(1, 3.0), (2, 2.0), (3, 1.5)] + [(s, 1.0) for s in range(4, step + 1)]
     assert sorted((m.step, m.value) for m in history) == expected
     assert "flushed" in capsys.readouterr().out
@@ -51,7 +51,7 @@ def test_metrics_survive_a_tracking_outage(server, tmp_path, capsys, monkeypatch
     restarted = MetricsLogger(server["uri"], run_id, skip_replayed=True)
     restarted({"loss": 9.9}, 3)
     restarted({"loss": 0.5}, step + 1)
-    steps = sorted(m.step for m in tracking._client(server["uri"]).get_metric_history(run_id, "loss"))
+    steps = sorted(m.step for m in tracking.mlflow_client(server["uri"]).get_metric_history(run_id, "loss"))
     assert steps == list(range(1, step + 2))
 
 
@@ -80,7 +80,7 @@ def test_metrics_a_dead_worker_left_pending_are_sent_by_the_next_logger_and_not_
     restarted({"loss": 0.5}, 4)
     assert len(restarted.pending) == 4
     send_left_behind(store, run_id, state)  # the driver, once training ended, reaches the store
-    history = tracking._client(store).get_metric_history(run_id, "loss")
+    history = tracking.mlflow_client(store).get_metric_history(run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 3.0), (2, 2.0), (3, 1.0), (4, 0.5)]
     assert MetricsLogger(store, run_id, state_file=state).pending == []  # nothing left to send twice
     other_run = MetricsLogger(store, "another-run", skip_replayed=True, state_file=state)
@@ -103,7 +103,7 @@ def test_run_is_reused_from_the_run_directory_and_secrets_are_redacted(tmp_path)
     tracking.finish_run(uri, first)
     again = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r", tags={"albert_dist.job": "finetune"})
     assert again == first
-    client = tracking._client(uri)
+    client = tracking.mlflow_client(uri)
     assert client.get_run(first).info.status == "RUNNING"
     assert client.get_run(first).data.tags["albert_dist.job"] == "finetune"  # tags reach a reused run too
     commit = client.get_run(first).data.tags["albert_dist.code_version"].removesuffix("-dirty")
@@ -121,7 +121,7 @@ def test_a_new_run_replaces_a_deleted_one_but_not_one_the_store_failed_to_find(t
     from mlflow.exceptions import MlflowException
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = tracking._client(uri)
+    client = tracking.mlflow_client(uri)
     first = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
     client.delete_run(first)
     second = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r")
@@ -144,7 +144,7 @@ def test_default_store_keeps_artifacts_beside_its_database(tmp_path, monkeypatch
     run_id = tracking.start_or_resume_run(uri, "exp", tmp_path / "run", "r", tags={"albert_dist.job": "pretrain"})
     tracking.log_text(uri, run_id, "hello", "notes/hello.txt")
 
-    client = tracking._client(uri)
+    client = tracking.mlflow_client(uri)
     experiment = client.get_experiment_by_name("exp")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens the runs view
     assert list((tmp_path / "out" / "mlartifacts").rglob("hello.txt"))
@@ -184,7 +184,7 @@ def tracked(cfg, job: str, tags=None, extra_params=None):
 def test_job_run_ends_finished_and_a_relaunch_resumes_the_same_run(store, tmp_path):
     cfg = job_config(store, tmp_path, "ok")
     with tracked(cfg, "pretrain", tags={"albert_dist.source_model": "m"}, extra_params={"world_size": 2}) as run:
-        client = tracking._client(run.uri)
+        client = tracking.mlflow_client(run.uri)
         assert client.get_run(run.run_id).info.status == "RUNNING"
     first = client.get_run(run.run_id)
     assert first.info.status == "FINISHED"
@@ -205,7 +205,7 @@ def test_job_run_marks_the_run_failed_on_any_exception(store, tmp_path, error):
     with pytest.raises(type(error)):
         with tracked(job_config(store, tmp_path, "broken"), "finetune") as run:
             raise error
-    assert tracking._client(run.uri).get_run(run.run_id).info.status == "FAILED"
+    assert tracking.mlflow_client(run.uri).get_run(run.run_id).info.status == "FAILED"
 
 
 def test_a_run_ended_by_someone_else_keeps_its_status_when_the_job_then_fails(store, tmp_path):
@@ -214,7 +214,7 @@ def test_a_run_ended_by_someone_else_keeps_its_status_when_the_job_then_fails(st
         with tracked(job_config(store, tmp_path, "stopped"), "finetune") as run:
             tracking.finish_run(run.uri, run.run_id, "KILLED")
             raise KeyboardInterrupt
-    assert tracking._client(run.uri).get_run(run.run_id).info.status == "KILLED"
+    assert tracking.mlflow_client(run.uri).get_run(run.run_id).info.status == "KILLED"
 
 
 def test_a_tracking_failure_after_publishing_names_the_saved_model(store, tmp_path):
@@ -230,7 +230,7 @@ def test_a_tracking_failure_after_publishing_names_the_saved_model(store, tmp_pa
     message = str(raised.value)
     assert message.startswith(f"the model is saved at {model_dir}, but tracking failed: MLflow failed logging")
     assert message.endswith(f"MLflow run {run.run_id} marked FAILED") and "\n" not in message
-    assert tracking._client(run.uri).get_run(run.run_id).info.status == "FAILED"
+    assert tracking.mlflow_client(run.uri).get_run(run.run_id).info.status == "FAILED"
 
 
 def test_metrics_the_store_refuses_for_good_are_dropped_not_retried_forever(tmp_path, capsys):
@@ -243,9 +243,9 @@ def test_metrics_the_store_refuses_for_good_are_dropped_not_retried_forever(tmp_
     logger({"loss": 2.0}, 2)
     assert logger.pending == []
     assert "refused 1 metric value(s) of steps 1-1 for good (INVALID_PARAMETER_VALUE" in capsys.readouterr().out
-    assert [(m.step, m.value) for m in tracking._client(uri).get_metric_history(run_id, "loss")] == [(2, 2.0)]
+    assert [(m.step, m.value) for m in tracking.mlflow_client(uri).get_metric_history(run_id, "loss")] == [(2, 2.0)]
 
-    tracking._client(uri).delete_run(run_id)
+    tracking.mlflow_client(uri).delete_run(run_id)
     logger({"loss": 1.0}, 3)
     assert logger.pending == [] and "for good" in capsys.readouterr().out
 

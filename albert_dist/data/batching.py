@@ -1,4 +1,5 @@
-"""Texts to padded model batches: encoding, length-grouped orders, collation. Shared by fine-tuning, prediction and the encoder's MLflow model."""
+"""Texts to padded model batches: encoding, length-grouped orders, collation. Shared by fine-tuning, prediction and the
+encoder's MLflow model."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """`albert-dist pretrain`: MLM + SOP pretraining of ALBERT on Ray Train, tracked in MLflow.
 
-The job's declaration (`PRETRAIN`, run by `training_job.run_job`): its plan validates the prepared data and the
-model config and builds the workers' task (albert_dist/pretrain/task.py); the last step's model is published
-(`train.publish: last`, the best evaluation's in `best_model/`). With a URI `run.output_dir`, checkpoints, the
-models and the MLflow run id are stored there (`TrainingRunSection.locate`), the lock and a copy of the final model in the
-run's local staging directory (`TrainingRunSection.run_dir`).
+The job's declaration (`PRETRAIN`, run by `training_job.run_job`): its plan validates the prepared data and the model
+config and builds the workers' task (albert_dist/pretrain/task.py); the last step's model is published (`train.publish:
+last`, the best evaluation's in `best_model/`). With a URI `run.output_dir`, checkpoints, the models and the MLflow run
+id are stored there (`TrainingRunSection.locate`), the lock and a copy of the final model in the run's local staging
+directory (`TrainingRunSection.run_dir`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`AlbertTokenizer`: one interface over both backends, what data preparation, fine-tuning and prediction encode with, saved in transformers' layout."""
+"""`AlbertTokenizer`: one interface over both backends, what data preparation, fine-tuning and prediction encode with,
+saved in transformers' layout."""
 
 from __future__ import annotations
 

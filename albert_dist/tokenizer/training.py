@@ -1,4 +1,5 @@
-"""Training a tokenizer on a corpus: SentencePiece with ALBERT's id layout (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4), or a WordPiece vocab.txt through the same BERT pipeline that reads it."""
+"""Training a tokenizer on a corpus: SentencePiece with ALBERT's id layout (pad=0, unk=1, [CLS]=2, [SEP]=3, [MASK]=4),
+or a WordPiece vocab.txt through the same BERT pipeline that reads it."""
 
 from __future__ import annotations
 

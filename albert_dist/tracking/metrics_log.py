@@ -52,11 +52,11 @@ class MetricsLogger:
         progress_metric: str = "loss",
         state_file: Path | str | None = None,
     ):
-        from albert_dist.tracking.run import _client
+        from albert_dist.tracking.run import mlflow_client
 
         self.tracking_uri, self.run_id, self.max_buffer = tracking_uri, run_id, max_buffer
         self.state_file = state_file
-        self._client = lambda: _client(tracking_uri)
+        self._client = lambda: mlflow_client(tracking_uri)
         self._warned = self._state_warned = False
         state = self._read_state()
         self.pending: list[Any] = state["pending"]
@@ -78,10 +78,11 @@ class MetricsLogger:
     def flush(self) -> bool:
         """Save the state, try to send what is pending, save the state again; True when nothing is left.
 
-        The state is written ahead of sending: a worker killed after a batch reached the server but before the
-        second save leaves that batch pending, and its successor sends it again with the same timestamps, which
-        MLflow's store keeps once. A batch the store refuses for good (a deleted run, an invalid value) is reported and dropped: kept, it would block every later one. One the server turns away
-        for its credentials (401, 403) is kept like one it could not reach: the access may come back."""
+        The state is written ahead of sending: a worker killed after a batch reached the server but before the second
+        save leaves that batch pending, and its successor sends it again with the same timestamps, which MLflow's store
+        keeps once. A batch the store refuses for good (a deleted run, an invalid value) is reported and dropped: kept,
+        it would block every later one. One the server turns away for its credentials (401, 403) is kept like one it
+        could not reach: the access may come back."""
         self._save_state()
         try:
             self._send()

@@ -36,7 +36,7 @@ DATASET_LOG_ATTEMPTS = 5  # concurrent runs logging one dataset: see log_dataset
 _KEY_COLLISION = re.compile(r"UNIQUE constraint failed|duplicate key|Duplicate entry|IntegrityError")
 
 
-def _client(tracking_uri: str):
+def mlflow_client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
     if tracking_uri.startswith("sqlite:///"):  # SQLite creates its file, not the directory it sits in
@@ -53,7 +53,7 @@ def start_or_resume_run(
     one (recorded).
     `tags` are set either way: a sweep creates its trials' runs before their jobs add what they know (lineage).
     Runs carry the source tags of the job named by the `albert_dist.job` tag."""
-    client = _client(tracking_uri)
+    client = mlflow_client(tracking_uri)
     tags = {**source_tags((tags or {}).get(JOB_TAG)), **(tags or {})}
     id_file = join_location(run_dir, RUN_ID_FILE)
     try:
@@ -175,7 +175,7 @@ def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
     """Log params once; on resume, params already logged (same values) are left alone."""
     from mlflow.entities import Param
 
-    client = _client(tracking_uri)
+    client = mlflow_client(tracking_uri)
     existing = client.get_run(run_id).data.params
     fresh = [Param(k, str(v)[:6000]) for k, v in redact(params).items() if k not in existing]
     for i in range(0, len(fresh), 100):
@@ -185,11 +185,11 @@ def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
 def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
     from mlflow.entities import RunTag
 
-    _client(tracking_uri).log_batch(run_id, tags=[RunTag(k, redact_url(v)) for k, v in tags.items()])
+    mlflow_client(tracking_uri).log_batch(run_id, tags=[RunTag(k, redact_url(v)) for k, v in tags.items()])
 
 
 def finish_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
-    _client(tracking_uri).set_terminated(run_id, status=status)
+    mlflow_client(tracking_uri).set_terminated(run_id, status=status)
 
 
 @contextlib.contextmanager
@@ -235,7 +235,7 @@ class JobRun:
 
         now = int(time.time() * 1000)
         with tracking_errors("logging the final metrics"):
-            _client(self.uri).log_batch(
+            mlflow_client(self.uri).log_batch(
                 self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()]
             )
 
@@ -267,7 +267,7 @@ class JobRun:
         stops with an exception: that status stays.)"""
         try:
             with tracking_errors("reading the run's status"):
-                status = _client(self.uri).get_run(self.run_id).info.status
+                status = mlflow_client(self.uri).get_run(self.run_id).info.status
             if status != "RUNNING":
                 return f"MLflow run {self.run_id} had already ended {status}"
             self.end("FAILED")
@@ -325,11 +325,11 @@ def job_run(
 
 
 def log_artifacts(tracking_uri: str, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:
-    _client(tracking_uri).log_artifacts(run_id, str(local_dir), artifact_path)
+    mlflow_client(tracking_uri).log_artifacts(run_id, str(local_dir), artifact_path)
 
 
 def log_text(tracking_uri: str, run_id: str, text: str, artifact_file: str) -> None:
-    _client(tracking_uri).log_text(run_id, redact_url(text), artifact_file)
+    mlflow_client(tracking_uri).log_text(run_id, redact_url(text), artifact_file)
 
 
 def where_to_find(tracking_uri: str, run_id: str) -> str:
@@ -366,7 +366,7 @@ def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, 
             profile=json.dumps(profile),
         )
         inputs.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
-    client = _client(tracking_uri)
+    client = mlflow_client(tracking_uri)
     for attempt in range(DATASET_LOG_ATTEMPTS):
         try:
             client.log_inputs(run_id, inputs)

@@ -332,8 +332,8 @@ class Trainer:
             pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
 
     def _train_step(self, batches: Iterator[Batch], window: dict[str, torch.Tensor | int]) -> None:
-        """One optimizer step over `grad_accum_steps` global micro-batches, skipped for a non-finite gradient. Nothing in
-        it reads a value back from the device (each read waits for the device to finish all work queued so far):
+        """One optimizer step over `grad_accum_steps` global micro-batches, skipped for a non-finite gradient. Nothing
+        in it reads a value back from the device (each read waits for the device to finish all work queued so far):
         the statistics stay tensors until the log interval and the skip is decided on the device."""
         s, device = self.settings, self.env.device
         micro_batches = s.grad_accum_steps * self.task.slots_held

@@ -100,7 +100,8 @@ def publish_best(
     parent: tracking.JobRun, metric: str, best: dict[str, Any], params: list[str], files: list[Path], job, name: str
 ) -> None:
     """Tag the parent with the best trial (id, metric, config), attach the sweep's files and log the best model
-    (published) as the parent's MLflow model `<name>-best`, registered when the job's `tracking.register_model` names a model."""
+    (published) as the parent's MLflow model `<name>-best`, registered when the job's `tracking.register_model` names a
+    model."""
     from albert_dist.finetune.job import classifier_model
 
     client, parent_id = MlflowClient(tracking_uri=parent.uri), parent.run_id
