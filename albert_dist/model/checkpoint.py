@@ -39,7 +39,7 @@ DERIVED_KEY_SUFFIXES = (
     "embeddings.token_type_ids",
 )
 # Heads of the other ALBERT classes: dropping them (e.g. pretraining heads when fine-tuning) is routine.
-KNOWN_HEAD_PREFIXES = ("predictions.", "sop_classifier.", "classifier.")
+KNOWN_HEAD_PREFIXES = ("predictions.", "sop_classifier.", "classifier.", "qa_outputs.", "pooler.", "albert.pooler.")
 
 
 def save_pretrained(model, directory: str | os.PathLike) -> None:

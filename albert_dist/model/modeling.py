@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from albert_dist.model import checkpoint as ckpt
 from albert_dist.model.config import AlbertConfig
 
+
 ACT2FN = {
     "gelu_new": partial(F.gelu, approximate="tanh"),  # google's "gelu" is the tanh approximation
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
@@ -78,7 +79,15 @@ class AlbertMaskedLMOutput:
 @dataclass
 class AlbertSequenceClassifierOutput:
     loss: Tensor | None = None
-    logits: Tensor | None = None
+    logits: Tensor | None = None  # [B, num_labels]; token classification: [B, T, num_labels]
+    hidden_states: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class AlbertQuestionAnsweringOutput:
+    loss: Tensor | None = None
+    start_logits: Tensor | None = None  # [B, T]
+    end_logits: Tensor | None = None
     hidden_states: tuple[Tensor, ...] | None = None
 
 
@@ -470,3 +479,69 @@ class AlbertForSequenceClassification(AlbertPreTrainedModel):
         if problem_type == "single_label_classification":
             return F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))
         return F.binary_cross_entropy_with_logits(logits, labels.float())
+
+
+class AlbertForTokenClassification(AlbertPreTrainedModel):
+    """`classifier` on dropout(every position's hidden state), as transformers' (no pooler). Labels -100 (pieces
+    after a word's first, special tokens, padding) are left out of the loss."""
+
+    head_prefixes = ("classifier.",)
+    architecture = "AlbertForTokenClassification"
+
+    def __init__(self, config: AlbertConfig):
+        super().__init__(config)
+        self.albert = AlbertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(config.classifier_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> AlbertSequenceClassifierOutput:
+        out = self.albert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.long().flatten(), ignore_index=IGNORE_INDEX)
+        return AlbertSequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+class AlbertForQuestionAnswering(AlbertPreTrainedModel):
+    """`qa_outputs` (H → 2) on every position: start and end logits of the answer span, as transformers'. The loss
+    is the mean of the start and end cross-entropies; positions outside the row (clamped to T) are ignored."""
+
+    head_prefixes = ("qa_outputs.",)
+    architecture = "AlbertForQuestionAnswering"
+
+    def __init__(self, config: AlbertConfig):
+        super().__init__(config)
+        self.albert = AlbertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)  # 2, as transformers sizes it
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        start_positions: Tensor | None = None,
+        end_positions: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> AlbertQuestionAnsweringOutput:
+        out = self.albert(input_ids, attention_mask, token_type_ids, output_hidden_states)
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).float().unbind(-1)[:2]
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            width = start_logits.shape[1]
+            start = start_positions.long().clamp(0, width)
+            end = end_positions.long().clamp(0, width)
+            loss = (
+                F.cross_entropy(start_logits, start, ignore_index=width)
+                + F.cross_entropy(end_logits, end, ignore_index=width)
+            ) / 2
+        return AlbertQuestionAnsweringOutput(loss, start_logits, end_logits, out.hidden_states)
