@@ -41,9 +41,10 @@ def collate(rows: dict[str, np.ndarray], pad_to_multiple_of: int) -> dict[str, t
         "token_type_ids": torch.as_tensor(rows["token_type_ids"][:, :width], dtype=torch.long),
         "attention_mask": (torch.arange(width)[None, :] < lengths[:, None]).long(),
     }
-    for key in ("label", "row"):
-        if key in rows:
-            batch[key] = torch.as_tensor(rows[key])
+    for key in ("label", "row", "word_index"):
+        if key in rows:  # per-position columns (token labels) are cut like the inputs
+            values = rows[key][:, :width] if rows[key].ndim == 2 else rows[key]
+            batch[key] = torch.as_tensor(values)
     return batch
 
 

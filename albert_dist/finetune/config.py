@@ -19,6 +19,12 @@ from albert_dist.model.sections import PretrainedModelSection
 from albert_dist.storage import is_uri
 
 LR_GROUP = re.compile(r"^(embeddings|head|group\d+)$")
+# the dev metrics each task kind reports, its default for picking the best model first
+TASK_METRICS = {
+    "classification": ("accuracy", "f1", "mcc", "loss"),
+    "regression": ("pearson", "spearman", "loss"),
+    "token_classification": ("f1", "precision", "recall", "accuracy", "loss"),
+}
 
 
 class FinetuneTrainSection(TrainBase):
@@ -50,7 +56,11 @@ class TaskDataSection(Section):
     )
     dev: str | None = Field(None, description="Dev file; when empty, dev_fraction of train is held out.")
     test: str | None = Field(None, description="Test file; when empty and test_fraction > 0, held out of train.")
-    format: Literal["auto", "csv", "tsv", "jsonl", "parquet"] = "auto"
+    format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "conll", "cluener"] = Field(
+        "auto",
+        description="auto: from the extension. Token classification reads conll (token<TAB>tag lines), cluener "
+        "(CLUENER2020 JSON lines) and jsonl/parquet rows of data.tokens_column and data.tags_column.",
+    )
     text_column: str = "text"
     text_pair_column: str | None = Field(None, description="Second text of pair tasks (LCQMC, MRPC).")
     label_column: str = "label"
@@ -58,7 +68,16 @@ class TaskDataSection(Section):
     dev_fraction: float = Field(0.1, gt=0, lt=1)
     test_fraction: float = Field(0.0, ge=0, lt=1)
     split_seed: int = 12345
+    tokens_column: str = Field("tokens", description="Token classification: the column of word lists.")
+    tags_column: str = Field("tags", description="Token classification: the column of tag lists (BIO, BIOES, BMES).")
     max_seq_length: int = Field(128, ge=8, le=8192)
+    doc_stride: int | None = Field(
+        None,
+        ge=0,
+        description="Token classification: a sentence longer than max_seq_length is read in windows that share "
+        "this many pieces (empty: a quarter of max_seq_length); each word is scored by the window where it has "
+        "the most context.",
+    )
     pad_to_multiple_of: int = Field(8, ge=1)
     group_by_length: bool = Field(
         True,
@@ -70,6 +89,19 @@ class TaskDataSection(Section):
     _files_without_secrets = field_validator("train", "dev", "test")(
         classmethod(lambda cls, value: without_credentials(value))
     )
+
+    @property
+    def window_overlap(self) -> int:
+        return self.max_seq_length // 4 if self.doc_stride is None else self.doc_stride
+
+    @model_validator(mode="after")
+    def _stride_fits_window(self) -> TaskDataSection:
+        if self.doc_stride is not None and self.doc_stride >= self.max_seq_length - 2:
+            raise ValueError(
+                f"doc_stride {self.doc_stride} must be below max_seq_length - 2 ({self.max_seq_length - 2}): "
+                "windows would not advance"
+            )
+        return self
 
 
 class TaskTrainingSection(Section):
@@ -88,8 +120,10 @@ class TaskTrainingSection(Section):
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of the steps warming up (sets warmup_steps).")
     layer_lr_decay: float = Field(1.0, gt=0, le=1)
     lr_scales: dict[str, float] = Field(default_factory=dict)
-    metric: Literal["accuracy", "f1", "mcc", "pearson", "spearman", "loss"] | None = Field(
-        None, description="Dev metric for the best model and early stopping (accuracy / pearson by default)."
+    metric: Literal["accuracy", "f1", "mcc", "pearson", "spearman", "precision", "recall", "loss"] | None = Field(
+        None,
+        description="Dev metric for the best model and early stopping (by default accuracy for classification, "
+        "pearson for regression, entity-level f1 for token classification).",
     )
     early_stopping_patience: int | None = Field(None, ge=1, description="Evaluations without improvement.")
     eval_batch_size: int = Field(64, gt=0)
@@ -111,26 +145,26 @@ class TaskTrainingSection(Section):
 
     @model_validator(mode="after")
     def _metric_fits_task(self) -> TaskTrainingSection:
-        kinds = {
-            "accuracy": "classification",
-            "f1": "classification",
-            "mcc": "classification",
-            "pearson": "regression",
-            "spearman": "regression",
-        }
-        if kinds.get(self.metric or "loss", self.task_kind) != self.task_kind:
-            raise ValueError(f"metric {self.metric} does not apply to {self.task_kind}")
+        if (self.metric or "loss") not in TASK_METRICS[self.task_kind]:
+            raise ValueError(
+                f"metric {self.metric} does not apply to {self.task_kind}; use one of "
+                f"{', '.join(TASK_METRICS[self.task_kind])}"
+            )
         return self
 
     @property
     def best_metric(self) -> str:
-        return self.metric or ("pearson" if self.task_kind == "regression" else "accuracy")
+        return self.metric or TASK_METRICS[self.task_kind][0]
 
 
 class FinetuneSection(TaskTrainingSection):
     """Fine-tuning's `finetune:`: the task kind too."""
 
-    task: Literal["classification", "regression"] = "classification"
+    task: Literal["classification", "regression", "token_classification"] = Field(
+        "classification",
+        description="classification (sentences or pairs), regression, or token_classification (NER: a tag per "
+        "word, scored by entity-level precision, recall and F1 as seqeval's strict mode).",
+    )
 
 
 def _one_training_length(config: TrainingJobConfig) -> TrainingJobConfig:

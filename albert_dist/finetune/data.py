@@ -9,6 +9,7 @@ input is a `DataError` naming file and column.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,9 @@ class Split:
     pairs: list[str] | None
     labels: list[Any]
 
+    def __len__(self) -> int:
+        return len(self.texts)
+
     def take(self, indices: np.ndarray, source: str) -> Split:
         pick = lambda values: [values[i] for i in indices]  # noqa: E731
         return Split(source, pick(self.texts), pick(self.pairs) if self.pairs is not None else None, pick(self.labels))
@@ -130,14 +134,16 @@ def read_split(path: str, data, label_column: str | None) -> Split:
     return Split(str(path), text_values(table, data.text_column), pairs, labels)
 
 
-def load_splits(data) -> dict[str, Split]:
-    """train, dev and (when given or held out) test; missing dev/test are seeded random shares of train."""
+def load_splits(data, read: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """train, dev and (when given or held out) test, each read by `read(path)` (default: `read_split`'s labelled
+    rows); missing dev/test are seeded random shares of train."""
     if not data.train:
         raise ConfigError("data.train is not set: give the training file")
-    splits = {"train": read_split(data.train, data, data.label_column)}
+    read = read or (lambda path: read_split(path, data, data.label_column))
+    splits = {"train": read(data.train)}
     for name in ("dev", "test"):
         if getattr(data, name):
-            splits[name] = read_split(getattr(data, name), data, data.label_column)
+            splits[name] = read(getattr(data, name))
     held_out = {
         name: fraction
         for name, fraction in (("test", data.test_fraction), ("dev", data.dev_fraction))
@@ -145,7 +151,7 @@ def load_splits(data) -> dict[str, Split]:
     }
     if held_out:
         train = splits["train"]
-        order = np.random.default_rng(data.split_seed).permutation(len(train.texts))
+        order = np.random.default_rng(data.split_seed).permutation(len(train))
         start = 0
         for name, fraction in held_out.items():
             count = max(1, round(len(order) * fraction))

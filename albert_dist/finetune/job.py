@@ -19,10 +19,11 @@ from typing import Any
 from albert_dist.config import TrainBase, TrainSection
 from albert_dist.data import batching
 from albert_dist.errors import ConfigError
-from albert_dist.finetune import data, inference
+from albert_dist.finetune import data, entities, inference, token_data, token_task
 from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
 from albert_dist.finetune.task import ClassificationSpec
-from albert_dist.model import AlbertForSequenceClassification
+from albert_dist.finetune.token_task import TokenClassificationSpec
+from albert_dist.model import AlbertForSequenceClassification, AlbertForTokenClassification
 from albert_dist.storage import fetch_dir, is_uri, join_location, read_bytes
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 from albert_dist.tracking import run as tracking
@@ -41,11 +42,19 @@ class TaskData:
     def num_labels(self) -> int:
         return len(self.label_names) if self.label_names else 1
 
+    @property
+    def eval_rows(self) -> int:
+        """What the dev tables are indexed by: dev rows, or the dev words of token classification."""
+        dev = self.splits["dev"].arrays
+        return int((dev["word_index"] >= 0).sum()) if "word_index" in dev else len(dev["length"])
+
 
 def prepare_task_data(
     section: TaskDataSection, task: str, tokenizer_dir: str | Path, label_names: list[str] | None = None
 ) -> TaskData:
     """Read, label and tokenize train/dev(/test); `label_names` fixes the label order (a teacher's)."""
+    if task == "token_classification":
+        return prepare_tagged_data(section, tokenizer_dir, label_names)
     raw = data.load_splits(section)
     names = None if task == "regression" else label_names or data.label_names(raw["train"], section.labels)
     label2id = {name: i for i, name in enumerate(names or [])}
@@ -59,13 +68,32 @@ def prepare_task_data(
     return TaskData(splits, names)
 
 
+def prepare_tagged_data(
+    section: TaskDataSection, tokenizer_dir: str | Path, label_names: list[str] | None = None
+) -> TaskData:
+    """Token classification's splits: tagged sentences read, their tags checked against train's (or the given)
+    label set, and cut into windows of pieces."""
+    raw = data.load_splits(section, lambda path: token_data.read_tagged(path, section))
+    names = label_names or token_data.tag_names(raw["train"], section.labels)
+    label2id = {name: i for i, name in enumerate(names)}
+    tokenizer = load_tokenizer(tokenizer_dir)
+    splits = {
+        name: token_data.encode_tagged(
+            split, tokenizer, section.max_seq_length, section.window_overlap, token_data.tag_ids(split, label2id)
+        )
+        for name, split in raw.items()
+    }
+    return TaskData(splits, names)
+
+
 def label_overrides(task: str, label_names: list[str] | None) -> dict[str, Any]:
     """config.json fields of the classifier: the label names are saved with the model."""
     if task == "regression":
         return {"num_labels": 1, "problem_type": "regression", "id2label": {0: "score"}, "label2id": {"score": 0}}
     return {
         "num_labels": len(label_names),
-        "problem_type": "single_label_classification",
+        # transformers' token classifiers record no problem type
+        "problem_type": None if task == "token_classification" else "single_label_classification",
         "id2label": dict(enumerate(label_names)),
         "label2id": {n: i for i, n in enumerate(label_names)},
     }
@@ -149,6 +177,11 @@ def encoded_digests(task_data: TaskData) -> dict[str, str]:
     return out
 
 
+def model_class(task: str) -> type:
+    """The transformers-layout head a task trains."""
+    return AlbertForTokenClassification if task == "token_classification" else AlbertForSequenceClassification
+
+
 def classifier_model(cfg):
     """The MLflow model of a classifier trained by the job `cfg` (fine-tuning or distillation)."""
     from albert_dist.finetune.mlflow_model import SequenceClassifierModel
@@ -172,7 +205,13 @@ def classification_spec(
 ) -> ClassificationSpec:
     """The workers' task: fine-tune `init_from` (its tokenizer, unless `tokenizer_dir` names another) on
     `task_data` with the job's settings (`train` as `schedule` derived it)."""
-    return ClassificationSpec(
+    tagged = task == "token_classification"
+    return (TokenClassificationSpec if tagged else ClassificationSpec)(
+        **(
+            {"label_names": tuple(task_data.label_names), "scheme": entities.scheme_of(task_data.label_names)}
+            if tagged
+            else {}
+        ),
         init_from=init_from,
         tokenizer_dir=tokenizer_dir or init_from,
         task=task,
@@ -186,7 +225,7 @@ def classification_spec(
         eval_batch_size=finetune.eval_batch_size,
         grad_accum_steps=train.grad_accum_steps,
         micro_batches_per_epoch=per_epoch,
-        eval_rows=len(task_data.splits["dev"]),
+        eval_rows=task_data.eval_rows,
         seed=seed,
         pad_to_multiple_of=data_section.pad_to_multiple_of,
         group_by_length=data_section.group_by_length,
@@ -200,19 +239,24 @@ def task_datasets(task_data: TaskData) -> dict[str, Any]:
     return {name: data.to_ray_dataset(task_data.splits[name]) for name in ("train", "dev")}
 
 
-def final_metrics(model, task_data: TaskData, task: str, cfg) -> dict[str, float]:
+def final_metrics(model_dir: str | Path, task_data: TaskData, task: str, cfg) -> dict[str, float]:
     """`dev_*` and `test_*` metrics of the published model, computed in the driver on the whole splits."""
+    model = model_class(task).from_pretrained(model_dir)
+    settings = {
+        "batch_size": cfg.finetune.eval_batch_size,
+        "pad_to_multiple_of": cfg.data.pad_to_multiple_of,
+        "precision": cfg.train.precision,
+    }
     out = {}
     for split in ("dev", "test"):
         if split in task_data.splits:
-            values = inference.evaluate(
-                model,
-                task_data.splits[split],
-                task=task,
-                batch_size=cfg.finetune.eval_batch_size,
-                pad_to_multiple_of=cfg.data.pad_to_multiple_of,
-                precision=cfg.train.precision,
-            )
+            if task == "token_classification":
+                names = task_data.label_names
+                values = token_task.evaluate_tokens(
+                    model, task_data.splits[split], names, entities.scheme_of(names), **settings
+                )
+            else:
+                values = inference.evaluate(model, task_data.splits[split], task=task, **settings)
             out.update({f"{split}_{k}": v for k, v in values.items()})
     return out
 
@@ -257,12 +301,11 @@ def plan(cfg: FinetuneJobConfig) -> Plan:
         },
         stage=lambda run: log_task_data(run, cfg.data, task_data),
         banner=[
-            f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {rows} rows, "
+            f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {rows} rows"
+            f"{' (windows)' if task == 'token_classification' else ''}, "
             f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s)"
         ],
-        evaluate=lambda model_dir: final_metrics(
-            AlbertForSequenceClassification.from_pretrained(model_dir), task_data, task, cfg
-        ),
+        evaluate=lambda model_dir: final_metrics(model_dir, task_data, task, cfg),
         driver={"eval_batch_size": cfg.finetune.eval_batch_size, "precision": cfg.train.precision},
     )
 

@@ -86,6 +86,8 @@ class ClassificationSpec(TaskSpec):
 
 
 class SequenceClassificationTask(TrainingTask):
+    eval_columns = ("row",)  # columns only evaluation reads (dev row ids key its tables)
+
     def __init__(self, spec: ClassificationSpec, rank: int, world_size: int, dataset: Callable[[str], Any]):
         self.spec, self.rank, self.world_size, self.dataset = spec, rank, world_size, dataset
         self.task, self.num_labels = spec.task, spec.num_labels
@@ -167,7 +169,7 @@ class SequenceClassificationTask(TrainingTask):
     def _batches(self, split: str, batch_size: int, order: np.ndarray | None = None, drop_last: bool = False):
         rows = self._rows(split)
         order = np.arange(len(rows["row"])) if order is None else order
-        columns = [k for k in rows if split == "dev" or k != "row"]  # dev row ids key the evaluation tables
+        columns = [k for k in rows if split == "dev" or k not in self.eval_columns]
         for index in global_batches(len(order), batch_size, self.rank, self.world_size, drop_last):
             yield batching.collate({k: rows[k][order[index]] for k in columns}, self.spec.pad_to_multiple_of)
 
