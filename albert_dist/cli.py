@@ -136,6 +136,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.set_defaults(handler=_predict)
 
+    serve = commands.add_parser(
+        "serve",
+        help="a fine-tuned or distilled model behind HTTP on Ray Serve (127.0.0.1, bearer token)",
+        description='POST / with {"texts": [...]} (and "text_pairs" with --pair) answers {"predictions": '
+        "[...]}; every request needs Authorization: Bearer <token> (the token is $ALBERT_DIST_SERVE_TOKEN, else made "
+        "for this start and written to a file whose path is printed). Ctrl-C stops. See docs/serving.md.",
+    )
+    serve.add_argument("--model", required=True, help="model directory (transformers layout)")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 with --open)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--open", action="store_true", help="listen beyond this machine (0.0.0.0 unless --host)")
+    serve.add_argument("--pair", action="store_true", help="a sentence-pair model: requests carry text_pairs")
+    serve.add_argument(
+        "--max-batch-size", type=int, default=64, help="texts per model call, and at most this many per request"
+    )
+    serve.add_argument(
+        "--batch-wait-ms", type=float, default=10.0, help="how long a batch waits for more requests after its first"
+    )
+    serve.add_argument("--replicas", type=int, default=1, help="copies of the model, each in its own Ray actor")
+    serve.add_argument("--threads", type=int, help="torch threads per replica (default: the cores / replicas)")
+    serve.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto", help="as predict's")
+    serve.set_defaults(handler=_serve)
+
     from albert_dist.cluster import submit as jobs_client
 
     address_help = "Ray dashboard URL, e.g. http://127.0.0.1:8265 (default $RAY_ADDRESS)"
@@ -191,6 +214,25 @@ def _predict(args: argparse.Namespace) -> int:
     )
     print(f"wrote {rows} predictions to {args.output}")
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from albert_dist.serve.server import ServeOptions, run_serve
+
+    return run_serve(
+        ServeOptions(
+            model_dir=args.model,
+            host=args.host,
+            port=args.port,
+            open=args.open,
+            max_batch_size=args.max_batch_size,
+            batch_wait_ms=args.batch_wait_ms,
+            replicas=args.replicas,
+            threads=args.threads,
+            pair=args.pair,
+            precision=args.precision,
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,46 @@
+"""The served model's bearer token: given in $ALBERT_DIST_SERVE_TOKEN, or made for each start and handed over in a
+file only this user can read (never printed). Replicas get its SHA-256, not the token, so the secret stays in the
+process that made it (Ray keeps a deployment's arguments in its control store)."""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import hmac
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+TOKEN_ENV = "ALBERT_DIST_SERVE_TOKEN"
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def authorized(header: str | None, token_digest: str) -> bool:
+    """Whether an `Authorization` header carries the bearer token whose digest is `token_digest`."""
+    scheme, _, token = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(digest(token.strip()), token_digest)
+
+
+def serving_token() -> tuple[str, Path | None]:
+    """The token, and the file it was written to (None when it came from $ALBERT_DIST_SERVE_TOKEN)."""
+    given = os.environ.get(TOKEN_ENV, "").strip()
+    if given:
+        return given, None
+    token = secrets.token_urlsafe(32)
+    return token, _private_file(token)
+
+
+def _private_file(text: str) -> Path:
+    """`text` in a new file of a new directory, both this user's alone (0700, 0600), removed when the process
+    exits."""
+    folder = Path(tempfile.mkdtemp(prefix="albert-serve-"))  # mode 700
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / "token"
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
+    return path
