@@ -121,9 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_job_commands(commands)
 
-    predict = commands.add_parser("predict", help="batch inference with a fine-tuned or distilled model")
+    predict = commands.add_parser(
+        "predict",
+        help="batch inference with a fine-tuned or distilled model",
+        description="Inputs under 32 MiB are predicted in this process; larger ones are streamed through Ray Data "
+        "to a pool of actors (Ray started on 127.0.0.1 with a token, or $RAY_ADDRESS joined) and written in input "
+        "order as they come, so no process holds the whole input.",
+    )
     predict.add_argument("--model", required=True, help="model directory (transformers layout)")
-    predict.add_argument("--input", required=True, help="CSV, TSV, JSONL or Parquet file")
+    predict.add_argument(
+        "--input", required=True, help="CSV, TSV, JSONL or Parquet file: a path or a URI (s3://, gs://, file://)"
+    )
     predict.add_argument("--output", required=True, help="output file; its extension picks the format")
     predict.add_argument("--text-column", default="text")
     predict.add_argument("--text-pair-column")
@@ -134,6 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: bf16 where the hardware computes it natively, else fp16 on a GPU, fp32 on a CPU",
     )
+    predict.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto: a GPU where there is one (in this process for a small input; in the Ray cluster for a "
+        "streamed one, one actor per GPU), else the CPU",
+    )
+    predict.add_argument(
+        "--num-actors",
+        type=int,
+        metavar="N",
+        help="actors predicting a streamed input (default: one per GPU; on CPUs, one per CPU less a quarter CPU "
+        "per node for reading)",
+    )
+    _add_verbose_flag(predict)
     predict.set_defaults(handler=_predict)
 
     serve = commands.add_parser(
@@ -211,6 +234,8 @@ def _predict(args: argparse.Namespace) -> int:
         text_pair_column=args.text_pair_column,
         batch_size=args.batch_size,
         precision=args.precision,
+        device=args.device,
+        num_actors=args.num_actors,
     )
     print(f"wrote {rows} predictions to {args.output}")
     return 0

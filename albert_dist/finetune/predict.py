@@ -1,35 +1,59 @@
 """`albert-dist predict`: labels and probabilities (or regression scores) for every row of a table.
 
-Small inputs run in this process; above `actor_threshold` rows the work goes to Ray Data `map_batches` with a
-pool of actors, each loading the model and tokenizer once. A progress line (rows, rows/s, share, ETA) is printed
-as batches finish, at most every 10 s, and once at the end. Rows are predicted in batches sorted by length (little
-padding) and written back in input order. The output (CSV, JSONL or Parquet, by extension) holds every input
-column unchanged plus `predicted_label` and one `prob_<label>` column per class (`predicted_score` for
-regression); texts are truncated at the `max_seq_length` the model was fine-tuned with (saved with it). It is
-written to a temporary file beside the target, then renamed, so it appears whole or not at all.
+An input under `ACTOR_THRESHOLD` bytes is read whole and predicted in this process. A larger one is streamed: Ray
+Data reads it in blocks (`BLOCK_BYTES` of text at a time, Parquet by row group), a pool of actors predicts them,
+each loading the model and tokenizer once, and the driver writes the blocks out in input order as they come, so
+neither the driver nor Ray's object store ever holds the whole input. Ray is started, or joined, as every command
+does (`cluster.ray_init.ensure_ray`: 127.0.0.1, a token made for the run). Both paths print a progress line (rows,
+rows/s, share, ETA) at most every 10 s and once at the end.
+
+Rows are predicted in chunks sorted by length (little padding) and written back in input order, every input column
+as it was read, plus `predicted_label` and one `prob_<label>` column per class (`predicted_score` for regression);
+texts are truncated at the `max_seq_length` the model was fine-tuned with (saved with it). The output (CSV, TSV,
+JSONL or Parquet, by extension) is written to a temporary file beside the target, then renamed, so it appears whole
+or not at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+import io
+import math
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import torch
 
-from albert_dist.console import ProgressLine
+from albert_dist.console import ProgressLine, verbose
 from albert_dist.data import batching
-from albert_dist.errors import DataError
+from albert_dist.errors import AlbertDistError, ConfigError, DataError
 from albert_dist.finetune import data, inference
 from albert_dist.model.checkpoint import load_config
-from albert_dist.storage import publish_file
+from albert_dist.storage import filesystem, publish_file
+from albert_dist.text_encoding import first_undecodable, not_utf8_error
+from albert_dist.train.precision import resolve_precision
 
-ACTOR_THRESHOLD = 20_000
+#: inputs of this many bytes or more are streamed through Ray's actor pool; smaller ones are read whole and predicted
+#: here. A file's size costs one stat (a HEAD request in object storage), where its row count would cost reading it.
+#: Read whole, an input takes about 3 times its size in memory (bytes, table, one chunk's token arrays), ~100 MB
+#: here; streamed, it pays Ray's start and each actor's model load, 15-20 s on 2 cores
+#: (benchmarks/README.md#predict).
+ACTOR_THRESHOLD = 32 << 20
+#: bytes of CSV, TSV or JSONL parsed into one block: the unit that moves through Ray's object store
+BLOCK_BYTES = 8 << 20
+#: CPUs a read task asks for: reading and parsing is light next to inference
+READ_CPUS = 0.25
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class Predictor:
-    """Model + tokenizer loaded once; maps a batch of rows (column → array) to the rows plus their prediction
-    columns."""
+    """Model + tokenizer loaded once, on `device` (`local_device`; the CPU unless asked: a Ray worker given no GPU
+    still sees its node's); maps a batch of rows (column → array) to the rows plus their prediction columns."""
 
     def __init__(
         self,
@@ -39,11 +63,13 @@ class Predictor:
         batch_size: int,
         precision: str = "auto",
         on_batch: Callable[[int], None] | None = None,
+        device: str = "cpu",
     ):
         from albert_dist.model import AlbertForSequenceClassification
         from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
-        self.model = AlbertForSequenceClassification.from_pretrained(model_dir)
+        self.device = torch.device(local_device(device))
+        self.model = AlbertForSequenceClassification.from_pretrained(model_dir).to(self.device)
         self.tokenizer = load_tokenizer(model_dir)
         self.text_column, self.text_pair_column = text_column, text_pair_column
         self.batch_size, self.precision, self.on_batch = batch_size, precision, on_batch
@@ -81,6 +107,56 @@ def output_columns(config) -> list[str]:
     return ["predicted_label"] + [f"prob_{config.id2label[i]}" for i in range(config.num_labels)]
 
 
+def local_device(device: str) -> str:
+    """`--device` for this process: "auto" is a GPU where torch sees one."""
+    if device not in DEVICES:
+        raise ConfigError(f"--device {device}: use one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: this process sees no GPU (torch.cuda.is_available() is false)")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+@dataclass(frozen=True)
+class ActorPool:
+    """How many actors predict, what each asks Ray for, and the device it predicts on."""
+
+    size: int
+    num_cpus: float
+    num_gpus: float
+    device: str
+
+
+def actor_pool(device: str, num_actors: int | None, cluster: Mapping[str, float], nodes: int = 1) -> ActorPool:
+    """The actors for `--device` and `--num-actors` on a Ray cluster of `nodes` nodes with `cluster` resources
+    (`ray.cluster_resources()`).
+
+    A fixed pool keeps its resources to the end, so one read task's CPUs (`READ_CPUS`) stay free on every node: a
+    read with none left would wait for ever. GPU actors ("cuda", or "auto" where the cluster has a GPU) take a GPU
+    and a CPU each (tokenization), one per GPU unless fewer are asked. CPU actors share the other CPUs: one per CPU
+    by default (single-threaded, a small model's fastest use of a core); fewer asked get more threads each."""
+    if device not in DEVICES:
+        raise ConfigError(f"--device {device}: use one of {', '.join(DEVICES)}")
+    if num_actors is not None and num_actors < 1:
+        raise ConfigError(f"--num-actors {num_actors}: at least 1")
+    cpus, gpus = cluster.get("CPU", 0.0), int(cluster.get("GPU", 0))
+    free = cpus - READ_CPUS * max(1, nodes)
+    if device == "cuda" and gpus == 0:
+        raise ConfigError("--device cuda: the Ray cluster has no GPU")
+    if device == "cuda" or (device == "auto" and gpus):
+        size = num_actors or gpus
+        if size > gpus:
+            raise ConfigError(f"--num-actors {size}: each actor takes a GPU, and the Ray cluster has {gpus}")
+        if size > free:
+            raise ConfigError(f"--num-actors {size}: each GPU actor takes a CPU too, and the Ray cluster has {cpus:g}")
+        return ActorPool(size, num_cpus=1, num_gpus=1, device="cuda")
+    if free <= 0:
+        raise ConfigError(f"the Ray cluster has {cpus:g} CPUs: none left for actors beside the read")
+    size = num_actors or math.ceil(free)
+    return ActorPool(size, num_cpus=free / size, num_gpus=0, device="cpu")
+
+
 def run_predict(
     model_dir: str | Path,
     input_path: str | Path,
@@ -90,66 +166,313 @@ def run_predict(
     text_pair_column: str | None = None,
     batch_size: int = 64,
     precision: str = "auto",
+    device: str = "auto",
+    num_actors: int | None = None,
     actor_threshold: int = ACTOR_THRESHOLD,
-    num_actors: int = 2,
 ) -> int:
-    """Predict every row of `input_path` into `output_path`; returns the number of rows written."""
+    """Predict every row of `input_path` (a path or a URI) into `output_path`; returns the number of rows written.
+    Inputs of `actor_threshold` bytes or more go to a Ray actor pool of `num_actors` (default: `actor_pool`'s)."""
     output_kind = data.file_format(output_path)
-    table = data.read_table(input_path)
-    data.require_columns(table, input_path, text_column=text_column, text_pair_column=text_pair_column)
-    args = (str(model_dir), text_column, text_pair_column, batch_size)
-    taken = [name for name in output_columns(load_config(model_dir)) if name in table.column_names]
-    if taken:
-        raise DataError(f"{input_path}: its column {taken[0]!r} would be overwritten by the prediction; rename it")
-    progress = ProgressLine("predict", total=table.num_rows)
-    if table.num_rows < actor_threshold:
-        result = pa.table(Predictor(*args, precision=precision, on_batch=progress.update)(_numpy_columns(table)))
+    location = str(input_path)
+    columns = TextColumns(text_column, text_pair_column, output_columns(load_config(model_dir)))
+    predictor_args = (str(model_dir), text_column, text_pair_column, batch_size)
+    size = _file_size(location)
+    if size is None or size < actor_threshold:  # not a file at all included: read_table says what is wrong
+        table = data.read_table(location)
+        columns.check(table.schema, location)
+        on_device = local_device(device)
+        resolve_precision(precision, torch.device(on_device))  # fp16 on a CPU is refused before the model loads
+        progress = ProgressLine("predict", total=table.num_rows)
+        predictor = Predictor(*predictor_args, precision=precision, on_batch=progress.update, device=on_device)
+        blocks = (_with_predictions(predictor, chunk) for chunk in table.to_batches(_chunk_rows(batch_size)))
     else:
-        result = _predict_with_ray(table, args, precision, num_actors, batch_size, progress)
+        blocks, progress = _predicted_by_actors(location, size, columns, predictor_args, precision, device, num_actors)
+    rows = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal rows
+        rows = _write_tables(blocks, tmp, output_kind)
+        if rows == 0:
+            raise DataError(f"data file has no rows: {location}")
+
+    publish_file(output_path, write, error=DataError)
     progress.finish()
-    _write_atomically(result, Path(output_path), output_kind)
-    print(f"predicted {result.num_rows} rows of {input_path} with {model_dir} → {output_path}")
-    return result.num_rows
+    print(f"predicted {rows} rows of {input_path} with {model_dir} → {output_path}")
+    return rows
 
 
-def _numpy_columns(table: pa.Table) -> dict[str, np.ndarray]:
-    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+@dataclass(frozen=True)
+class TextColumns:
+    """The columns prediction reads, and those it adds."""
+
+    text: str
+    pair: str | None
+    added: list[str]
+
+    @property
+    def read(self) -> list[str]:
+        return [self.text] + ([self.pair] if self.pair else [])
+
+    def check(self, schema: pa.Schema, location: str) -> None:
+        """The input holds the text columns, none of the columns prediction writes, and no column twice."""
+        repeated = sorted({name for name in schema.names if schema.names.count(name) > 1})
+        if repeated:
+            raise DataError(f"{location}: column {repeated[0]!r} appears more than once in the header")
+        data.require_columns(schema.empty_table(), location, text_column=self.text, text_pair_column=self.pair)
+        taken = [name for name in self.added if name in schema.names]
+        if taken:
+            raise DataError(f"{location}: its column {taken[0]!r} would be overwritten by the prediction; rename it")
 
 
-def _predict_with_ray(
-    table: pa.Table, args: tuple, precision: str, num_actors: int, batch_size: int, progress: ProgressLine
-) -> pa.Table:
+def _chunk_rows(batch_size: int) -> int:
+    """Rows one Predictor call sorts by length and predicts: more rows, less padding."""
+    return max(16 * batch_size, 1024)
+
+
+def _with_predictions(predictor: Predictor, rows: pa.RecordBatch | pa.Table) -> pa.Table:
+    """`rows` with the predictor's columns added; the input columns pass through as read (types, nulls)."""
+    texts = {name: rows.column(name).to_numpy(zero_copy_only=False) for name in predictor_inputs(predictor)}
+    table = pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows
+    for name, values in predictor(texts).items():
+        if name not in texts:
+            table = table.append_column(name, pa.array(values))
+    return table
+
+
+def predictor_inputs(predictor: Predictor) -> list[str]:
+    return [predictor.text_column] + ([predictor.text_pair_column] if predictor.text_pair_column else [])
+
+
+class _ActorPredictor:
+    """A Ray Data actor: the Predictor over pyarrow batches."""
+
+    def __init__(self, *args, **kwargs):
+        self.predictor = Predictor(*args, **kwargs)
+
+    def __call__(self, rows: pa.Table) -> pa.Table:
+        return _with_predictions(self.predictor, rows)
+
+
+def _file_size(location: str) -> int | None:
+    """The size of the file at `location`; None where there is no file (or it cannot be reached)."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(location)
+    try:
+        info = fs.get_file_info(path)
+    except OSError:
+        return None
+    return info.size if info.type == pafs.FileType.File else None
+
+
+def _predicted_by_actors(
+    location: str,
+    size: int,
+    columns: TextColumns,
+    predictor_args: tuple,
+    precision: str,
+    device: str,
+    num_actors: int | None,
+) -> tuple[Iterator[pa.Table], ProgressLine]:
+    """The input streamed through Ray Data and a pool of predicting actors: the output blocks in input order, and
+    the progress line they advance."""
+    import ray
     import ray.data
 
-    rows = ray.data.from_arrow(table)
-    rows.context.execution_options.preserve_order = True  # output rows in input order
-    dataset = rows.map_batches(
-        Predictor,
-        fn_constructor_args=args,
-        fn_constructor_kwargs={"precision": precision},
-        compute=ray.data.ActorPoolStrategy(size=num_actors),
-        batch_size=max(16 * batch_size, 1024),
-        batch_format="numpy",
-    )  # each actor call sorts its rows by length: more rows, less padding
-    parts = []
-    for part in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):  # as the actors finish them
-        parts.append(part)
-        progress.update(part.num_rows)
-    return pa.concat_tables(parts)
+    from albert_dist.cluster.ray_init import ensure_ray
+
+    kind = data.file_format(location)
+    total, bytes_per_row = _first_look(location, kind, columns)
+    ensure_ray()
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU"))
+    pool = actor_pool(device, num_actors, ray.cluster_resources(), nodes)
+    resolve_precision(precision, torch.device(pool.device))
+    dataset = _read(location, kind, columns)
+    dataset.context.execution_options.preserve_order = True  # blocks out in input order
+    dataset.context.enable_progress_bars = verbose()  # the progress line says it in one line
+    # max_restarts=0: Ray Data puts an actor's arguments in the object store, and Ray cannot restart such actors
+    # reliably (ray-project/ray#53727; it says so at error level for each one). A lost actor fails the prediction,
+    # which is published atomically and runs again whole. Ray Data 2.60 has no named parameter for it: its
+    # deprecation warning of the remote argument is not shown.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        predicted = dataset.map_batches(
+            _ActorPredictor,
+            fn_constructor_args=predictor_args,
+            fn_constructor_kwargs={"precision": precision, "device": pool.device},
+            compute=ray.data.ActorPoolStrategy(size=pool.size),
+            num_cpus=pool.num_cpus,
+            num_gpus=pool.num_gpus,
+            batch_size=_chunk_rows(predictor_args[3]),
+            batch_format="pyarrow",
+            max_restarts=0,
+        )
+    progress = ProgressLine("predict", total=total)
+    estimated = size / bytes_per_row if bytes_per_row else None
+
+    def blocks() -> Iterator[pa.Table]:
+        try:
+            for block in predicted.iter_batches(batch_size=None, batch_format="pyarrow"):
+                done = None if total or not estimated else min(0.99, (progress.count + block.num_rows) / estimated)
+                progress.update(block.num_rows, done)
+                yield block
+        except Exception as err:
+            ours = _user_error(err)
+            if ours is None:
+                raise
+            raise ours from None
+
+    print(f"predict: {location} streamed to {pool.size} actor(s) on {pool.device}", flush=True)
+    return blocks(), progress
 
 
-def _write_atomically(table: pa.Table, path: Path, kind: str) -> None:
+def _user_error(err: BaseException) -> AlbertDistError | None:
+    """Our error inside Ray's layers of task errors (a read task's, an actor's), for the CLI's one line."""
+    while err is not None:
+        if isinstance(err, AlbertDistError) and type(err).__module__.startswith("albert_dist"):
+            return err  # not Ray's subclass of it, whose message carries the task's traceback
+        err = getattr(err, "cause", None) or err.__cause__
+    return None
+
+
+def _first_look(location: str, kind: str, columns: TextColumns) -> tuple[int | None, float | None]:
+    """Check the input's columns from its schema (Parquet's footer, the first block of a text file) before Ray
+    starts; returns its row count where the file records one (Parquet), else the bytes per row of its first block."""
+    import pyarrow.parquet as pq
+
+    fs, path = filesystem(location)
+    try:
+        if kind == "parquet":
+            with fs.open_input_file(path) as f:
+                metadata = pq.ParquetFile(f).metadata
+            columns.check(metadata.schema.to_arrow_schema(), location)
+            return metadata.num_rows, None
+        with fs.open_input_stream(path) as stream:
+            reader = _CheckedText(stream, location)
+            # closed before the stream: pyarrow's read-ahead threads read from it
+            with contextlib.closing(_text_blocks(reader, location, kind, columns)) as blocks:
+                first = next(blocks, None)
+            if first is None:
+                raise DataError(f"data file has no rows: {location}")
+            columns.check(first.schema, location)
+            return None, reader.position / max(1, reader.lines)  # a row a line (a quoted CSV field may hold more)
+    except (pa.ArrowInvalid, OSError) as err:
+        if isinstance(err, AlbertDistError):
+            raise
+        raise DataError(f"cannot read {location} as {kind}: {err}") from None
+
+
+def _read(location: str, kind: str, columns: TextColumns):
+    """The input as a Ray dataset, read where it is: a local file on this node (another node of a cluster may not
+    have it), a URI on any."""
+    import ray
+    import ray.data
+
+    fs, path = filesystem(location)
+    node = {"ray.io/node-id": ray.get_runtime_context().get_node_id()} if fs.type_name == "local" else None
+    if kind == "parquet":
+        return ray.data.read_parquet(path, filesystem=fs, num_cpus=READ_CPUS, label_selector=node)
+    source = _text_source_class()(location, kind, columns)
+    return ray.data.read_datasource(source, num_cpus=READ_CPUS, label_selector=node)
+
+
+@functools.cache  # one class per process, made once Ray is imported (Ray costs seconds to import)
+def _text_source_class():
+    from ray.data.datasource import FileBasedDatasource
+
+    class TextSource(FileBasedDatasource):
+        """A CSV, TSV or JSONL file as blocks of `BLOCK_BYTES`, streamed, its bytes checked for UTF-8 on the way
+        (Ray Data's JSONL reader takes no filesystem and reads through pandas; neither checks the encoding)."""
+
+        def __init__(self, location: str, kind: str, columns: TextColumns):
+            fs, path = filesystem(location)
+            super().__init__(path, filesystem=fs)
+            self.location, self.kind, self.columns = location, kind, columns
+
+        def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
+            try:
+                yield from _text_blocks(_CheckedText(f, self.location), self.location, self.kind, self.columns)
+            except pa.ArrowInvalid as err:
+                raise DataError(f"cannot read {self.location} as {self.kind}: {err}") from None
+
+    return TextSource
+
+
+def _text_blocks(stream: io.RawIOBase, location: str, kind: str, columns: TextColumns) -> Iterator[pa.Table]:
+    """A CSV, TSV or JSONL stream as tables of about `BLOCK_BYTES` each; the text columns read as strings (pyarrow
+    would take a text column of digits in the first block for numbers, and a later word would fail the read)."""
+    import pyarrow.csv as pacsv
+    import pyarrow.json as pajson
+
+    if kind == "jsonl":
+        reader = pajson.open_json(stream, read_options=pajson.ReadOptions(use_threads=False, block_size=BLOCK_BYTES))
+    else:
+        reader = pacsv.open_csv(
+            stream,
+            read_options=pacsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
+            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False) if kind == "tsv" else None,
+            convert_options=pacsv.ConvertOptions(column_types={name: pa.string() for name in columns.read}),
+        )
+    for batch in reader:
+        yield pa.Table.from_batches([batch])
+
+
+class _CheckedText(io.RawIOBase):
+    """A file's bytes as they are read, checked for UTF-8 on the way: the first undecodable byte (or NUL) stops the
+    read with the error `data.read_table` gives, naming its line, without a second pass over the file."""
+
+    def __init__(self, stream, location: str):
+        self.stream, self.location = stream, location
+        self.position, self.lines = 0, 0
+        self.head = b""  # the file's start, where `not_utf8_error` looks for the encoding
+        self.unchecked = b""  # the last line so far, checked once it ends: a line end never splits a character
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self.stream.read(size)
+        self.position += len(chunk)
+        if len(self.head) < 1 << 16:
+            self.head += chunk[: (1 << 16) - len(self.head)]
+        text = self.unchecked + chunk
+        end = len(text) if not chunk else text.rfind(b"\n") + 1
+        self._check(text[:end])
+        self.unchecked = text[end:]
+        return chunk
+
+    def _check(self, lines: bytes) -> None:
+        found = first_undecodable(lines)
+        if found:
+            line, byte = found.removeprefix("line ").split(", ", 1)
+            detail = f"line {self.lines + int(line)}, {byte}"
+            raise not_utf8_error(self.location, self.head, detail)
+        self.lines += lines.count(b"\n")
+
+
+def _write_tables(tables: Iterator[pa.Table], path: Path, kind: str) -> int:
+    """Write `tables` one after the other into one file of `kind` as they come; returns the rows written."""
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    def write(tmp: Path) -> None:
-        if kind == "parquet":
-            pq.write_table(table, tmp)
-        elif kind == "jsonl":
-            table.to_pandas().to_json(tmp, orient="records", lines=True, force_ascii=False)
-        elif kind in ("csv", "tsv"):
-            pacsv.write_csv(table, tmp, pacsv.WriteOptions(delimiter="\t" if kind == "tsv" else ","))
-        else:
-            raise DataError(f"{path}: cannot write {kind}")
-
-    publish_file(path, write, error=DataError)
+    if kind not in ("parquet", "jsonl", "csv", "tsv"):
+        raise DataError(f"{path}: cannot write {kind}")
+    rows, schema, writer = 0, None, None
+    with open(path, "wb") as sink:
+        for table in tables:
+            if schema is None:
+                schema = table.schema
+                if kind == "parquet":
+                    writer = pq.ParquetWriter(sink, schema)
+                elif kind in ("csv", "tsv"):
+                    options = pacsv.WriteOptions(delimiter="\t" if kind == "tsv" else ",")
+                    writer = pacsv.CSVWriter(sink, schema, write_options=options)
+            table = table if table.schema == schema else table.cast(schema)
+            if writer is None:
+                sink.write(table.to_pandas().to_json(orient="records", lines=True, force_ascii=False).encode())
+            else:
+                writer.write_table(table)
+            rows += table.num_rows
+        if writer is not None:
+            writer.close()
+    return rows
