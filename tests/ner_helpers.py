@@ -41,6 +41,19 @@ def sentences(n: int, seed: int) -> list[tuple[str, list[tuple[str, int, int]]]]
     return [tagged_sentence(rng) for _ in range(n)]
 
 
+def passages(n: int, seed: int, most: int = 4) -> list[tuple[str, list[tuple[str, int, int]]]]:
+    """`n` texts of 1 to `most` sentences run together: longer than a small model's length, read in windows."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        text, spans = "", []
+        for sentence, sentence_spans in [tagged_sentence(rng) for _ in range(rng.randint(1, most))]:
+            spans += [(kind, first + len(text), last + len(text)) for kind, first, last in sentence_spans]
+            text += sentence
+        out.append((text, spans))
+    return out
+
+
 def write_conll(path: Path, rows, scheme: str = "BIO") -> Path:
     from albert_dist.finetune.entities import tags_from_spans
 

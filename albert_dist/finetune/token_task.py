@@ -135,3 +135,28 @@ def evaluate_tokens(model, encoded: batching.EncodedSplit, label_names, scheme: 
     gold = np.zeros(len(predicted), np.int64)
     gold[encoded.arrays["word_index"][scored]] = encoded.arrays["label"][scored]
     return score_words(predicted, gold, token_data.words_per_sentence(encoded), label_names, scheme)
+
+
+def text_entities(
+    model, tokenizer, texts: list[str], max_seq_length: int, overlap: int, **kwargs
+) -> list[list[dict[str, Any]]]:
+    """Each raw text's entities as transformers' token-classification pipeline gives them (`aggregation_strategy=
+    "first"`): type, character `start` and `end` (end excluded), the `text` and `score` (the mean of its words'
+    tag probabilities). Texts are split into words as the NER data is (`token_data.words_with_offsets`)."""
+    split_words = [token_data.words_with_offsets(text) for text in texts]
+    split = token_data.TaggedSplit("texts", [[w for w, _ in words] for words in split_words], None, [])
+    encoded = token_data.encode_tagged(split, tokenizer, max_seq_length, overlap, None)
+    tags, scores = word_predictions(model, encoded, **kwargs)
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    scheme = entities.scheme_of(names)
+    out, first = [], 0
+    for text, words in zip(texts, split_words):
+        sentence_tags = [names[t] for t in tags[first : first + len(words)]]
+        found = []
+        for kind, a, b in entities.entities(sentence_tags, scheme):
+            start, end = words[a][1], words[b][1] + len(words[b][0])
+            score = float(scores[first + a : first + b + 1].mean())
+            found.append({"type": kind, "start": start, "end": end, "text": text[start:end], "score": score})
+        out.append(found)
+        first += len(words)
+    return out

@@ -3,6 +3,7 @@
 from albert_dist.model.checkpoint import from_pretrained, load_state_dict, save_pretrained
 from albert_dist.model.config import PRESETS, AlbertConfig
 from albert_dist.model.modeling import (
+    IGNORE_INDEX,
     AlbertForMaskedLM,
     AlbertForPreTraining,
     AlbertForQuestionAnswering,
@@ -15,7 +16,6 @@ from albert_dist.model.modeling import (
     AlbertPreTrainingOutput,
     AlbertQuestionAnsweringOutput,
     AlbertSequenceClassifierOutput,
-    IGNORE_INDEX,
     layer_to_group,
 )
 

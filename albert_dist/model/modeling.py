@@ -23,7 +23,6 @@ from torch.utils.checkpoint import checkpoint
 from albert_dist.model import checkpoint as ckpt
 from albert_dist.model.config import AlbertConfig
 
-
 ACT2FN = {
     "gelu_new": partial(F.gelu, approximate="tanh"),  # google's "gelu" is the tanh approximation
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
