@@ -32,7 +32,41 @@ class ReplicaSettings:
     precision: str
 
 
-def _text_count(items: list[tuple[list[str], list[str] | None]]) -> int:
+Requests = list[tuple[list[str], list[str] | None]]  # each request's texts, and its pairs for a pair model
+
+
+class BatchPredictor:
+    """Several requests' texts through the model at once, each request's predictions back to it; counts the
+    requests of each batch."""
+
+    def __init__(self, settings: ReplicaSettings):
+        from albert_dist.finetune.predict import Predictor
+
+        self.pair = settings.pair
+        self.predictor = Predictor(
+            settings.model_dir,
+            TEXT,
+            TEXT_PAIR if settings.pair else None,
+            settings.max_batch_size,
+            settings.precision,
+        )
+        self.requests_per_batch: Counter[int] = Counter()
+
+    def __call__(self, requests: Requests) -> list[list[dict]]:
+        self.requests_per_batch[len(requests)] += 1
+        rows = {TEXT: np.array([text for texts, _ in requests for text in texts], dtype=object)}
+        if self.pair:
+            rows[TEXT_PAIR] = np.array([pair for _, pairs in requests for pair in pairs], dtype=object)
+        out = self.predictor(rows)
+        columns = {name: values for name, values in out.items() if name not in rows}
+        answers, start = [], 0
+        for texts, _ in requests:
+            answers.append(protocol.predictions(columns, start, start + len(texts)))
+            start += len(texts)
+        return answers
+
+
+def _text_count(items: Requests) -> int:
     """A batch's size for `@serve.batch`: its texts, not its requests."""
     return sum(len(texts) for texts, _ in items)
 
@@ -42,21 +76,12 @@ class ServedModel:
     def __init__(self, settings: ReplicaSettings):
         import torch
 
-        from albert_dist.finetune.predict import Predictor
-
         _keep_replica_grpc_on_node_address()
         torch.set_num_threads(settings.threads)
         self.settings = settings
-        self.predictor = Predictor(
-            settings.model_dir,
-            TEXT,
-            TEXT_PAIR if settings.pair else None,
-            settings.max_batch_size,
-            settings.precision,
-        )
+        self.model = BatchPredictor(settings)
         self.predict_batch.set_max_batch_size(settings.max_batch_size)
         self.predict_batch.set_batch_wait_timeout_s(settings.batch_wait_s)
-        self.requests_per_batch: Counter[int] = Counter()
 
     async def __call__(self, request: Request) -> Response:
         if not auth.authorized(request.headers.get("authorization"), self.settings.token_digest):
@@ -81,24 +106,12 @@ class ServedModel:
 
     def describe(self) -> dict:
         settings = {k: v for k, v in asdict(self.settings).items() if k != "token_digest"}
-        return {
-            **settings,
-            "requests_per_batch": {str(size): count for size, count in sorted(self.requests_per_batch.items())},
-        }
+        batches = sorted(self.model.requests_per_batch.items())
+        return {**settings, "requests_per_batch": {str(size): count for size, count in batches}}
 
     @serve.batch(batch_size_fn=_text_count)
-    async def predict_batch(self, requests: list[tuple[list[str], list[str] | None]]) -> list[list[dict]]:
-        self.requests_per_batch[len(requests)] += 1
-        rows = {TEXT: np.array([text for texts, _ in requests for text in texts], dtype=object)}
-        if self.settings.pair:
-            rows[TEXT_PAIR] = np.array([pair for _, pairs in requests for pair in pairs], dtype=object)
-        out = await asyncio.to_thread(self.predictor, rows)  # the event loop keeps taking requests meanwhile
-        columns = {name: values for name, values in out.items() if name not in rows}
-        answers, start = [], 0
-        for texts, _ in requests:
-            answers.append(protocol.predictions(columns, start, start + len(texts)))
-            start += len(texts)
-        return answers
+    async def predict_batch(self, requests: Requests) -> list[list[dict]]:
+        return await asyncio.to_thread(self.model, requests)  # the event loop keeps taking requests meanwhile
 
 
 def _keep_replica_grpc_on_node_address() -> None:
