@@ -142,3 +142,20 @@ def test_text_entities_match_the_transformers_pipeline(ner):
             (e["entity_group"], e["start"], e["end"]) for e in theirs
         ], text
         assert np.allclose([e["score"] for e in found], [e["score"] for e in theirs], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_ner_teacher_distills_per_token(ner, workspace, tmp_path):
+    from albert_dist.finetune.config import DistillJobConfig
+    from albert_dist.finetune.distill import DISTILL
+
+    raw = ner_config(workspace).model_dump(mode="json", exclude={"model": True, "finetune": {"task"}})
+    raw["run"] = {"name": "ner-distill", "output_dir": str(tmp_path / "runs")}
+    raw["distill"] = {"teacher": str(ner.model_dir), "speed_repeats": 3}
+    raw["student"] = {"num_hidden_layers": 1}
+    outcome = DISTILL.run(DistillJobConfig.model_validate(raw))
+    m = outcome.metrics
+    assert m["teacher_dev_f1"] == pytest.approx(ner.metrics["dev_f1"])
+    assert m["student_dev_f1"] > 0.8 and "eval_kd_loss" in m, m
+    config = json.loads((outcome.model_dir / "config.json").read_text())
+    assert config["architectures"] == ["AlbertForTokenClassification"] and config["num_hidden_layers"] == 1

@@ -177,3 +177,25 @@ def test_token_classification_config():
     with pytest.raises(ValueError, match="doc_stride 30 must be below"):
         FinetuneJobConfig.model_validate({**base, "data": {**base["data"], "doc_stride": 30}})
     assert json.dumps(cfg.model_dump())  # the config serializes (it is logged as YAML)
+
+
+def test_per_token_distillation_leaves_untagged_positions_out():
+    """The KD and CE terms over [B, T, C] logits equal those over the tagged positions alone (a sentence
+    classifier's loss being the case of one position per row)."""
+    import torch
+
+    from albert_dist.finetune.distill import distillation_loss
+
+    torch.manual_seed(0)
+    student, teacher = torch.randn(3, 7, 5), torch.randn(3, 7, 5)
+    labels = torch.randint(0, 5, (3, 7))
+    labels[:, 0] = labels[0, 4:] = labels[2, 5:] = -100
+    kept = labels != -100
+    whole = distillation_loss(student, teacher, labels, 2.0, 0.3)
+    tagged = distillation_loss(student[kept], teacher[kept], labels[kept], 2.0, 0.3)
+    for a, b in zip(whole, tagged):
+        assert a.item() == pytest.approx(b.item(), rel=1e-6)
+    # and the untagged positions' logits change nothing
+    noisy = student.clone()
+    noisy[~kept] += 100
+    assert distillation_loss(noisy, teacher, labels, 2.0, 0.3)[0].item() == pytest.approx(whole[0].item(), rel=1e-6)

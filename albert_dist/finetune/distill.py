@@ -27,10 +27,11 @@ from safetensors.torch import load_file, save_file
 
 from albert_dist.data import batching
 from albert_dist.errors import ConfigError
-from albert_dist.finetune import inference, job
-from albert_dist.finetune.config import DistillJobConfig
+from albert_dist.finetune import entities, inference, job, token_task
+from albert_dist.finetune.config import TASK_METRICS, DistillJobConfig
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask
-from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+from albert_dist.finetune.token_task import TokenClassificationSpec, TokenClassificationTask
+from albert_dist.model import IGNORE_INDEX, AlbertConfig, AlbertForSequenceClassification, AlbertForTokenClassification
 from albert_dist.model.checkpoint import CONFIG_NAME, load_config
 from albert_dist.storage import publish_dir
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
@@ -39,6 +40,7 @@ from albert_dist.train.plan import Plan, base_plan
 from albert_dist.training_job import JobOutcome, TrainingJob
 
 PROJECTION_FILE = "distill_projection.safetensors"
+TOKEN_HEAD = AlbertForTokenClassification.architecture
 
 
 def teacher_layer(student_layer: int, student_layers: int, teacher_layers: int) -> int:
@@ -109,19 +111,19 @@ class DistillationModel(torch.nn.Module):
 
 
 def distillation_loss(student_logits, teacher_logits, labels, temperature: float, alpha: float):
-    """(α·T²·KL(student/T ‖ teacher/T) + (1−α)·CE, KL term, CE term)."""
-    T = temperature
-    kd = (
-        F.kl_div(
-            F.log_softmax(student_logits.float() / T, -1),
-            F.log_softmax(teacher_logits.float() / T, -1),
-            reduction="batchmean",
-            log_target=True,
-        )
-        * T
-        * T
+    """(α·T²·KL(student/T ‖ teacher/T) + (1−α)·CE, KL term, CE term), averaged over the labelled rows: sentences,
+    or for token classification the tagged positions (labels -100 are left out of both terms, by weight rather
+    than by selection, which would read their count back from the device)."""
+    T, classes = temperature, student_logits.shape[-1]
+    student = student_logits.float().reshape(-1, classes)
+    teacher = teacher_logits.float().reshape(-1, classes)
+    labels = labels.long().reshape(-1)
+    kept = (labels != IGNORE_INDEX).float()
+    divergence = F.kl_div(
+        F.log_softmax(student / T, -1), F.log_softmax(teacher / T, -1), reduction="none", log_target=True
     )
-    ce = F.cross_entropy(student_logits.float(), labels)
+    kd = (divergence.sum(-1) * kept).sum() / kept.sum().clamp(min=1) * T * T
+    ce = F.cross_entropy(student, labels, ignore_index=IGNORE_INDEX)
     return alpha * kd + (1 - alpha) * ce, kd, ce
 
 
@@ -137,7 +139,8 @@ class DistillationSpec(TaskSpec):
     hidden_weight: float
 
     def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> DistillationTask:
-        return DistillationTask(self, rank, world_size, dataset)
+        tagged = isinstance(self.classification, TokenClassificationSpec)
+        return (TokenDistillationTask if tagged else DistillationTask)(self, rank, world_size, dataset)
 
 
 class DistillationTask(SequenceClassificationTask):
@@ -146,8 +149,9 @@ class DistillationTask(SequenceClassificationTask):
         self.distill = spec
 
     def build_model(self) -> torch.nn.Module:
-        student = AlbertForSequenceClassification.from_pretrained(self.spec.init_from)
-        teacher = AlbertForSequenceClassification.from_pretrained(self.distill.teacher_dir)
+        head = job.model_class(self.spec.task)
+        student = head.from_pretrained(self.spec.init_from)
+        teacher = head.from_pretrained(self.distill.teacher_dir)
         return DistillationModel(student, teacher, self.distill.hidden_weight > 0)
 
     def num_hidden_groups(self, model) -> int:
@@ -162,7 +166,7 @@ class DistillationTask(SequenceClassificationTask):
         if hidden is not None:
             loss = loss + d.hidden_weight * hidden
         stats = self.statistics(student_logits, loss, batch)
-        n = batch["label"].shape[0]
+        n = stats["count"]
         stats.update(kd_loss_sum=kd.detach() * n, ce_loss_sum=ce.detach() * n)
         if hidden is not None:
             stats["hidden_loss_sum"] = hidden.detach() * n
@@ -191,9 +195,14 @@ class DistillationTask(SequenceClassificationTask):
             )
 
     def load_weights(self, model, directory: Path) -> None:
-        model.student.load_state_dict(AlbertForSequenceClassification.from_pretrained(directory).state_dict())
+        model.student.load_state_dict(job.model_class(self.spec.task).from_pretrained(directory).state_dict())
         if model.projection is not None:
             model.projection.load_state_dict(load_file(str(directory / PROJECTION_FILE)))
+
+
+class TokenDistillationTask(DistillationTask, TokenClassificationTask):
+    """Per-token distillation of a NER teacher: the loss above over tagged positions, the statistics and entity
+    metrics of token classification."""
 
 
 DEFAULT_STUDENT_LAYERS = 4
@@ -219,7 +228,7 @@ def build_student(
     except ConfigError as err:
         raise ConfigError(f"student: {err}") from None
     torch.manual_seed(cfg.run.seed)
-    student = AlbertForSequenceClassification(config)
+    student = type(teacher)(config)
     if cfg.student.init_from_teacher is not False:
         own = student.state_dict()
         fitting = {k: v for k, v in teacher.state_dict().items() if k in own and own[k].shape == v.shape}
@@ -247,7 +256,7 @@ def _pretrained_student(
                 f"student.init_from {student_dir} has another vocabulary than the teacher (token "
                 f"{differing}: {tokens[1][differing]!r}, teacher {tokens[0][differing]!r})"
             )
-    return AlbertForSequenceClassification.from_pretrained(
+    return type(teacher).from_pretrained(
         student_dir, num_labels=c.num_labels, id2label=c.id2label, label2id=c.label2id, problem_type=c.problem_type
     )
 
@@ -269,15 +278,9 @@ def parameter_count(model: torch.nn.Module) -> int:
 def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) -> dict[str, float]:
     """Teacher and student dev metrics, the student's share of the teacher's metric, parameter counts and the
     inference speedup on the same batch, machine and precision."""
-    metric = cfg.finetune.best_metric
+    metric = distill_metric(cfg)
     dev = task_data.splits["dev"]
-    evaluate = dict(
-        task="classification",
-        batch_size=cfg.finetune.eval_batch_size,
-        pad_to_multiple_of=cfg.data.pad_to_multiple_of,
-        precision=cfg.train.precision,
-    )
-    t_metrics, s_metrics = inference.evaluate(teacher, dev, **evaluate), inference.evaluate(student, dev, **evaluate)
+    t_metrics, s_metrics = (evaluate_split(model, dev, task_data, cfg) for model in (teacher, student))
     batch = next(batching.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
     models = {"teacher": teacher, "student": student}
     speed = inference.throughputs(models, batch, cfg.train.precision, cfg.distill.speed_repeats)
@@ -298,14 +301,38 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
     return out
 
 
+def teacher_task(teacher_dir: str | Path) -> str:
+    """What the teacher was fine-tuned for: token classification or (sentence) classification."""
+    return "token_classification" if load_config(teacher_dir).architectures == [TOKEN_HEAD] else "classification"
+
+
+def distill_metric(cfg: DistillJobConfig) -> str:
+    """finetune.metric, else the default of the teacher's task (entity F1 for NER, accuracy otherwise)."""
+    return cfg.finetune.metric or TASK_METRICS[teacher_task(cfg.distill.teacher)][0]
+
+
+def evaluate_split(model, encoded: batching.EncodedSplit, task_data: job.TaskData, cfg: DistillJobConfig):
+    """The dev or test metrics of a teacher or student, as fine-tuning computes them for its task."""
+    settings = {
+        "batch_size": cfg.finetune.eval_batch_size,
+        "pad_to_multiple_of": cfg.data.pad_to_multiple_of,
+        "precision": cfg.train.precision,
+    }
+    if isinstance(model, AlbertForTokenClassification):
+        names = task_data.label_names
+        return token_task.evaluate_tokens(model, encoded, names, entities.scheme_of(names), **settings)
+    return inference.evaluate(model, encoded, task="classification", **settings)
+
+
 def plan(cfg: DistillJobConfig) -> Plan:
     """Load the teacher, tokenize the task data with its labels, build the student: the run's plan."""
     teacher_dir = cfg.distill.teacher
     if not teacher_dir:
         raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
-    teacher = AlbertForSequenceClassification.from_pretrained(teacher_dir)
+    task = teacher_task(teacher_dir)
+    teacher = job.model_class(task).from_pretrained(teacher_dir)
     names = [teacher.config.id2label[i] for i in range(teacher.config.num_labels)]
-    task_data = job.prepare_task_data(cfg.data, "classification", teacher_dir, label_names=names)
+    task_data = job.prepare_task_data(cfg.data, task, teacher_dir, label_names=names)
     train, per_epoch = job.schedule(cfg.train, cfg.finetune, len(task_data.splits["train"]), cfg.scaling.num_workers)
     student = build_student(teacher, cfg, teacher_dir)
     student_init = cfg.run.run_dir / "student_init"
@@ -313,7 +340,7 @@ def plan(cfg: DistillJobConfig) -> Plan:
     student_task = job.classification_spec(
         init_from=str(student_init),
         task_data=task_data,
-        task="classification",
+        task=task,
         finetune=cfg.finetune,
         train=train,
         data_section=cfg.data,
@@ -321,6 +348,7 @@ def plan(cfg: DistillJobConfig) -> Plan:
         seed=cfg.run.seed,
         model_overrides={},
         tokenizer_dir=str(teacher_dir),
+        metric=distill_metric(cfg),
     )
     spec = DistillationSpec(
         student_task,
@@ -337,17 +365,11 @@ def plan(cfg: DistillJobConfig) -> Plan:
         job.log_task_data(run, cfg.data, task_data)
 
     def evaluate(model_dir: Path) -> dict[str, float]:
-        distilled = AlbertForSequenceClassification.from_pretrained(model_dir)
+        distilled = type(teacher).from_pretrained(model_dir)
         values = compare(teacher, distilled, task_data, cfg)
         if "test" in task_data.splits:
-            values.update(
-                {
-                    f"test_{k}": v
-                    for k, v in inference.evaluate(
-                        distilled, task_data.splits["test"], task="classification", precision=cfg.train.precision
-                    ).items()
-                }
-            )
+            test = evaluate_split(distilled, task_data.splits["test"], task_data, cfg)
+            values.update({f"test_{k}": v for k, v in test.items()})
         return values
 
     return base_plan(
@@ -392,7 +414,7 @@ def save_with_tokenizer(model, tokenizer_source: str | Path, directory: Path) ->
 
 
 def _summary(cfg: DistillJobConfig, outcome: JobOutcome) -> list[str]:
-    m, metric = outcome.metrics, cfg.finetune.best_metric
+    m, metric = outcome.metrics, distill_metric(cfg)
     return [
         f"teacher dev {metric} {m[f'teacher_dev_{metric}']:.4f} | student dev {metric} "
         f"{m[f'student_dev_{metric}']:.4f} ({100 * m['student_share_of_teacher']:.1f}% of the teacher)",

@@ -202,6 +202,7 @@ def classification_spec(
     model_overrides: dict[str, Any],
     tokenizer_dir: str | None = None,
     allow_pickle: bool = False,
+    metric: str | None = None,
 ) -> ClassificationSpec:
     """The workers' task: fine-tune `init_from` (its tokenizer, unless `tokenizer_dir` names another) on
     `task_data` with the job's settings (`train` as `schedule` derived it)."""
@@ -217,7 +218,7 @@ def classification_spec(
         task=task,
         num_labels=task_data.num_labels,
         model_overrides=model_overrides,
-        metric=finetune.best_metric,
+        metric=metric or finetune.best_metric,
         patience=finetune.early_stopping_patience,
         layer_lr_decay=finetune.layer_lr_decay,
         lr_scales=dict(finetune.lr_scales),
