@@ -182,6 +182,33 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto", help="as predict's")
     serve.set_defaults(handler=_serve)
 
+    export = commands.add_parser(
+        "export",
+        help="a trained model as ONNX (fp32, int8, fp16), checked against PyTorch",
+        description="Writes model.onnx, config.json, the tokenizer files and export.json (the check against PyTorch, "
+        "sizes, dev metrics) to --output, published whole once the check passes. See docs/export.md.",
+    )
+    export.add_argument("--model", required=True, help="model directory (transformers layout)")
+    export.add_argument("--format", choices=["onnx"], default="onnx")
+    export.add_argument(
+        "--quantize",
+        choices=["none", "int8", "fp16"],
+        default="none",
+        help="int8: dynamic quantization for CPUs (onnxruntime); fp16: half precision, for GPUs",
+    )
+    export.add_argument("--output", required=True, help="directory to write (replaced whole if an earlier export)")
+    export.add_argument("--opset", type=int, default=23, help="ONNX opset, 18 or newer (default 23)")
+    export.add_argument("--dev", help="labelled file: the export's dev metrics beside PyTorch fp32's (classifiers)")
+    export.add_argument("--text-column", default="text")
+    export.add_argument("--text-pair-column")
+    export.add_argument("--label-column", default="label")
+    export.add_argument(
+        "--tracking-uri",
+        help="MLflow store of the model's run, where --dev's metrics are logged (default $MLFLOW_TRACKING_URI, else "
+        "the run's own SQLite file)",
+    )
+    export.set_defaults(handler=_export)
+
     from albert_dist.cluster import submit as jobs_client
 
     address_help = "Ray dashboard URL, e.g. http://127.0.0.1:8265 (default $RAY_ADDRESS)"
@@ -258,6 +285,23 @@ def _serve(args: argparse.Namespace) -> int:
             precision=args.precision,
         )
     )
+
+
+def _export(args: argparse.Namespace) -> int:
+    from albert_dist.export.dev_metrics import DevSet
+    from albert_dist.export.run import run_export
+
+    dev = DevSet(args.dev, args.text_column, args.text_pair_column, args.label_column) if args.dev else None
+    run_export(
+        args.model,
+        args.output,
+        fmt=args.format,
+        quantize=args.quantize,
+        opset=args.opset,
+        dev=dev,
+        tracking_uri=args.tracking_uri,
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
