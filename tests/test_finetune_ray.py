@@ -383,3 +383,27 @@ def test_the_precision_used_is_explained(monkeypatch):
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     assert precision.explain_precision("auto", False).startswith("fp32 (train.precision=auto: this CPU has no native")
     assert precision.explain_precision("fp32", False) == "fp32 (set by train.precision)"
+
+
+@pytest.mark.slow
+def test_long_texts_read_as_windows_find_what_truncation_cuts_off(workspace, tmp_path, ray_session):
+    """The label's keyword ends a text three times the model's length: cut at that length, the text tells the
+    classifier nothing; read whole as windows (their logits averaged), it is learned."""
+    from finetune_helpers import FILLER
+
+    rng = random.Random(6)
+    rows = []
+    for i in range(300):
+        positive = i % 2 == 0
+        filler = " ".join(rng.choice(FILLER) for _ in range(60))
+        rows.append(
+            {
+                "text": f"{filler} {rng.choice(POSITIVE if positive else KEYWORDS[2:])}",
+                "label": "yes" if positive else "no",
+            }
+        )
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "whole").mkdir()
+    truncated = in_process_task(workspace, rows, "classification", tmp_path / "cut")
+    windows = in_process_task(workspace, rows, "classification", tmp_path / "whole", long_text="windows")
+    assert truncated["eval_accuracy"] < 0.65 and windows["eval_accuracy"] > 0.85, (truncated, windows)

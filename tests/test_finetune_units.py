@@ -280,3 +280,21 @@ def test_a_file_in_another_encoding_is_refused_naming_its_line(tmp_path):
         "今天天气很好",
         "我不喜欢下雨",
     ]
+
+
+def test_long_texts_as_windows_and_their_mean(tmp_path):
+    """Every piece of a long text is in a window, windows share the overlap, and a text's value is the mean of its
+    windows'."""
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+    from albert_dist.tokenizer.training import train_wordpiece
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("一二三四五六七八九十\n" * 20, encoding="utf-8")
+    tokenizer = load_tokenizer(train_wordpiece(corpus, tmp_path / "tok", 100, progress=lambda _: None))
+    texts = ["一二三", "一二三四五六七八九十" * 3]
+    rows = batching.encode_windows(tokenizer, texts, 12, 4)
+    assert rows["document"].tolist() == [0, 1, 1, 1, 1, 1]  # 30 pieces in windows of 10 moving by 6: 0, 6, 12, 18, 20
+    pieces = [rows["input_ids"][i, 1 : rows["length"][i] - 1].tolist() for i in range(1, 6)]
+    assert pieces[0] + pieces[1][4:] + pieces[2][4:] + pieces[3][4:] + pieces[4][8:] == tokenizer.encode(texts[1])
+    means = batching.document_means(np.arange(12.0).reshape(6, 2), rows["document"])
+    assert means.tolist() == [[0.0, 1.0], [6.0, 7.0]]

@@ -15,6 +15,7 @@ from ner_helpers import sentences, write_cluener, write_conll, write_vocab_corpu
 from seqeval.metrics import classification_report, f1_score
 from seqeval.scheme import IOB2, IOBES
 
+from albert_dist.data import batching
 from albert_dist.errors import DataError
 from albert_dist.finetune import entities, token_data, token_task
 from albert_dist.finetune.config import FinetuneJobConfig
@@ -154,7 +155,7 @@ def test_a_long_sentence_is_read_in_windows_and_put_back_word_for_word(zh_tokeni
 
 def test_windows_cover_every_piece_with_the_overlap_asked():
     for n, budget, stride in [(5, 10, 2), (100, 30, 8), (31, 30, 29), (61, 30, 0)]:
-        spans = token_data.windows(n, budget, stride)
+        spans = batching.windows(n, budget, stride)
         covered = set().union(*(range(a, b) for a, b in spans))
         assert covered == set(range(n)) and all(b - a <= budget for a, b in spans)
         for (_, b1), (a2, _) in zip(spans, spans[1:]):

@@ -104,7 +104,7 @@ def exports(prepared, tmp_path_factory):
         directory = tmp_path_factory.mktemp(name)
         model.save_pretrained(directory)
         tokenizer.save(directory)
-        inference.save_max_seq_length(directory, MAX_LENGTH)
+        inference.save_reading(directory, MAX_LENGTH)
         out[name] = directory
     return out
 

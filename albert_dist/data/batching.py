@@ -23,6 +23,44 @@ def encode_texts(tokenizer, texts: list[str], pairs: list[str] | None, max_seq_l
     return {"input_ids": input_ids, "token_type_ids": token_type_ids, "length": lengths}
 
 
+def windows(num_pieces: int, budget: int, overlap: int) -> list[tuple[int, int]]:
+    """[start, end) piece ranges of at most `budget` pieces covering `num_pieces`, consecutive ones sharing
+    `overlap` pieces (the last one ends at the end)."""
+    if num_pieces <= budget:
+        return [(0, num_pieces)]
+    step = max(1, budget - overlap)
+    starts = list(range(0, num_pieces - budget, step)) + [num_pieces - budget]
+    return [(start, start + budget) for start in starts]
+
+
+def encode_windows(tokenizer, texts: list[str], max_seq_length: int, overlap: int) -> dict[str, np.ndarray]:
+    """As `encode_texts`, with each text longer than the model read as overlapping windows of `max_seq_length - 2`
+    pieces, one row each; `document` holds the index of the text a row reads."""
+    rows, documents = [], []
+    for document, (_, ids) in enumerate(tokenizer.tokenize_batch(texts)):
+        for start, end in windows(len(ids), max_seq_length - 2, overlap):
+            rows.append([tokenizer.cls_id, *ids[start:end], tokenizer.sep_id])
+            documents.append(document)
+    input_ids = np.full((len(rows), max_seq_length), tokenizer.pad_id, dtype=np.int32)
+    lengths = np.empty(len(rows), dtype=np.int32)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)], lengths[i] = row, len(row)
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": np.zeros_like(input_ids, dtype=np.int8),
+        "length": lengths,
+        "document": np.asarray(documents, dtype=np.int64),
+    }
+
+
+def document_means(values: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """The mean of each document's rows of `values` (documents numbered 0..D-1, in row order of first sight)."""
+    count = int(documents.max()) + 1 if len(documents) else 0
+    sums = np.zeros((count, *values.shape[1:]), dtype=np.float64)
+    np.add.at(sums, documents, values)
+    return (sums / np.bincount(documents, minlength=count).reshape(-1, *[1] * (values.ndim - 1))).astype(values.dtype)
+
+
 @dataclass
 class EncodedSplit:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
@@ -41,7 +79,7 @@ def collate(rows: dict[str, np.ndarray], pad_to_multiple_of: int) -> dict[str, t
         "token_type_ids": torch.as_tensor(rows["token_type_ids"][:, :width], dtype=torch.long),
         "attention_mask": (torch.arange(width)[None, :] < lengths[:, None]).long(),
     }
-    for key in ("label", "row", "word_index"):
+    for key in ("label", "row", "word_index", "document"):
         if key in rows:  # per-position columns (token labels) are cut like the inputs
             values = rows[key][:, :width] if rows[key].ndim == 2 else rows[key]
             batch[key] = torch.as_tensor(values)

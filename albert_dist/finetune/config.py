@@ -71,12 +71,17 @@ class TaskDataSection(Section):
     tokens_column: str = Field("tokens", description="Token classification: the column of word lists.")
     tags_column: str = Field("tags", description="Token classification: the column of tag lists (BIO, BIOES, BMES).")
     max_seq_length: int = Field(128, ge=8, le=8192)
+    long_text: Literal["truncate", "windows"] = Field(
+        "truncate",
+        description="Classification and regression of texts longer than max_seq_length: truncate them, or read "
+        "them whole as overlapping windows (each trains with the text's label; a text's prediction is the mean of "
+        "its windows' logits). Single texts only. Token classification always reads windows.",
+    )
     doc_stride: int | None = Field(
         None,
         ge=0,
-        description="Token classification: a sentence longer than max_seq_length is read in windows that share "
-        "this many pieces (empty: a quarter of max_seq_length); each word is scored by the window where it has "
-        "the most context.",
+        description="Pieces that consecutive windows of a long text share (empty: a quarter of max_seq_length); "
+        "in token classification each word is scored by the window where it has the most context.",
     )
     pad_to_multiple_of: int = Field(8, ge=1)
     group_by_length: bool = Field(
@@ -93,6 +98,12 @@ class TaskDataSection(Section):
     @property
     def window_overlap(self) -> int:
         return self.max_seq_length // 4 if self.doc_stride is None else self.doc_stride
+
+    @model_validator(mode="after")
+    def _windows_read_single_texts(self) -> TaskDataSection:
+        if self.long_text == "windows" and self.text_pair_column:
+            raise ValueError("long_text: windows reads single texts; a pair task (text_pair_column) is truncated")
+        return self
 
     @model_validator(mode="after")
     def _stride_fits_window(self) -> TaskDataSection:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from albert_dist.data.batching import EncodedSplit, encode_texts
+from albert_dist.data.batching import EncodedSplit, encode_texts, encode_windows
 from albert_dist.errors import ConfigError, DataError
 from albert_dist.text_encoding import first_undecodable, not_utf8_error
 
@@ -203,9 +203,17 @@ def _is_number(value: Any) -> bool:
         return False
 
 
-def encode_split(split: Split, tokenizer, max_seq_length: int, labels: np.ndarray) -> EncodedSplit:
-    """Token arrays plus `label` and `row` (the row's index, which keys per-row evaluation tables)."""
-    arrays = encode_texts(tokenizer, split.texts, split.pairs, max_seq_length)
+def encode_split(
+    split: Split, tokenizer, max_seq_length: int, labels: np.ndarray, window_overlap: int | None = None
+) -> EncodedSplit:
+    """Token arrays plus `label` and `row` (the row's index, which keys per-row evaluation tables); with a
+    `window_overlap`, long texts as windows (`encode_windows`), each labelled with its text's label, and `document`
+    (the text's row) keys the tables instead."""
+    if window_overlap is None:
+        arrays = encode_texts(tokenizer, split.texts, split.pairs, max_seq_length)
+    else:
+        arrays = encode_windows(tokenizer, split.texts, max_seq_length, window_overlap)
+        labels = labels[arrays["document"]]
     arrays.update(label=labels, row=np.arange(len(labels), dtype=np.int64))
     return EncodedSplit(arrays)
 

@@ -21,14 +21,28 @@ from albert_dist.train import precision as amp
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FALLBACK_MAX_SEQ_LENGTH = 512  # models that recorded none (google's, most on the Hub)
+WINDOW_OVERLAP = "albert_dist_window_overlap"
 
 
-def save_max_seq_length(model_dir: str | Path, max_seq_length: int) -> None:
-    """Record the length the model was fine-tuned at as `model_max_length` in its tokenizer_config.json, where
-    transformers' tokenizers read their truncation length too (call after saving the tokenizer)."""
+def save_reading(model_dir: str | Path, max_seq_length: int, window_overlap: int | None = None) -> None:
+    """Record how the model reads text in its tokenizer_config.json (call after saving the tokenizer): the length it
+    was fine-tuned at as `model_max_length`, where transformers' tokenizers read their truncation length too, and,
+    for a model that reads long texts as windows, their overlap (`WINDOW_OVERLAP`)."""
     path = Path(model_dir) / TOKENIZER_CONFIG
     config = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**config, "model_max_length": max_seq_length}, indent=2) + "\n")
+    config["model_max_length"] = max_seq_length
+    if window_overlap is not None:
+        config[WINDOW_OVERLAP] = window_overlap
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def saved_window_overlap(model_dir: str | Path) -> int | None:
+    """The overlap of the windows the model reads long texts in; None: it truncates them."""
+    try:
+        value = json.loads((Path(model_dir) / TOKENIZER_CONFIG).read_text()).get(WINDOW_OVERLAP)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) and value >= 0 else None
 
 
 def saved_max_seq_length(model_dir: str | Path) -> int:
@@ -96,8 +110,12 @@ def evaluate(
     precision: str = "fp32",
 ) -> dict[str, float]:
     """Task metrics of `model` on an encoded, labelled split."""
-    logits = split_logits(model, encoded, batch_size, pad_to_multiple_of, precision)
-    return metrics.task_metrics(task, logits, encoded.arrays["label"], model.config.num_labels)
+    logits, labels = split_logits(model, encoded, batch_size, pad_to_multiple_of, precision), encoded.arrays["label"]
+    if "document" in encoded.arrays:  # texts read as windows: each text's prediction is its windows' mean
+        logits = batching.document_means(logits, encoded.arrays["document"])
+        labels = batching.document_means(labels.astype(np.float64), encoded.arrays["document"])
+        labels = labels if task == "regression" else labels.round().astype(np.int64)
+    return metrics.task_metrics(task, logits, labels, model.config.num_labels)
 
 
 @torch.no_grad()

@@ -44,9 +44,12 @@ class TaskData:
 
     @property
     def eval_rows(self) -> int:
-        """What the dev tables are indexed by: dev rows, or the dev words of token classification."""
+        """What the dev tables are indexed by: dev rows, the dev texts read as windows, or the dev words of token
+        classification."""
         dev = self.splits["dev"].arrays
-        return int((dev["word_index"] >= 0).sum()) if "word_index" in dev else len(dev["length"])
+        if "word_index" in dev:
+            return int((dev["word_index"] >= 0).sum())
+        return int(dev["document"].max()) + 1 if "document" in dev else len(dev["length"])
 
 
 def prepare_task_data(
@@ -59,9 +62,14 @@ def prepare_task_data(
     names = None if task == "regression" else label_names or data.label_names(raw["train"], section.labels)
     label2id = {name: i for i, name in enumerate(names or [])}
     tokenizer = load_tokenizer(tokenizer_dir)
+    overlap = section.window_overlap if section.long_text == "windows" else None
     splits = {
         name: data.encode_split(
-            split, tokenizer, section.max_seq_length, data.label_ids(split, section.label_column, task, label2id)
+            split,
+            tokenizer,
+            section.max_seq_length,
+            data.label_ids(split, section.label_column, task, label2id),
+            overlap,
         )
         for name, split in raw.items()
     }
@@ -232,6 +240,7 @@ def classification_spec(
         group_by_length=data_section.group_by_length,
         max_seq_length=data_section.max_seq_length,
         allow_pickle=allow_pickle,
+        window_overlap=data_section.window_overlap if tagged or data_section.long_text == "windows" else None,
     )
 
 

@@ -80,13 +80,14 @@ class ClassificationSpec(TaskSpec):
     group_by_length: bool
     max_seq_length: int
     allow_pickle: bool = False
+    window_overlap: int | None = None  # long texts read as windows sharing this many pieces (saved with the model)
 
     def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> SequenceClassificationTask:
         return SequenceClassificationTask(self, rank, world_size, dataset)
 
 
 class SequenceClassificationTask(TrainingTask):
-    eval_columns = ("row",)  # columns only evaluation reads (dev row ids key its tables)
+    eval_columns = ("row", "document")  # columns only evaluation reads (the keys of its tables)
 
     def __init__(self, spec: ClassificationSpec, rank: int, world_size: int, dataset: Callable[[str], Any]):
         self.spec, self.rank, self.world_size, self.dataset = spec, rank, world_size, dataset
@@ -117,7 +118,7 @@ class SequenceClassificationTask(TrainingTask):
     def save_model(self, model, directory: Path) -> None:
         model.save_pretrained(directory)
         self.tokenizer.save(directory)
-        inference.save_max_seq_length(directory, self.spec.max_seq_length)
+        inference.save_reading(directory, self.spec.max_seq_length, self.spec.window_overlap)
 
     # ------------------------------------------------------------------------------------------------- loss
     def loss(self, model, batch):
@@ -134,7 +135,9 @@ class SequenceClassificationTask(TrainingTask):
         stats = {"loss_sum": loss.detach().float() * n, "count": float(n)}
         logits = logits.detach().float()
         labels = batch["label"]
-        if self.task == "classification":
+        if "document" in batch:  # evaluation of texts read as windows: a text's prediction is its windows' mean
+            stats.update(self.document_tables(logits, labels, batch["document"].long()))
+        elif self.task == "classification":
             K = self.num_labels
             flat = labels.long() * K + logits.argmax(-1)
             # a scatter into K × K counts: bincount would read the largest index back to size its output
@@ -146,8 +149,24 @@ class SequenceClassificationTask(TrainingTask):
             stats["target_table"] = torch.zeros(size, device=logits.device).index_put((rows,), labels.float())
         return stats
 
+    def document_tables(self, logits: torch.Tensor, labels: torch.Tensor, documents: torch.Tensor):
+        """Per dev text: the sum of its windows' logits, of their labels (all its own) and their count."""
+        size, device = self.spec.eval_rows, logits.device
+        return {
+            "logit_table": torch.zeros(size, logits.shape[1], device=device).index_add_(0, documents, logits),
+            "label_table": torch.zeros(size, device=device).index_add_(0, documents, labels.float()),
+            "window_table": torch.zeros(size, device=device).index_add_(0, documents, torch.ones_like(logits[:, 0])),
+        }
+
     def summarize(self, sums):
         out = {"loss": sums.get("loss_sum", 0.0) / max(1.0, sums.get("count", 0.0))}
+        if "window_table" in sums:
+            windows = np.maximum(np.asarray(sums["window_table"]), 1.0)
+            logits = np.asarray(sums["logit_table"]).reshape(len(windows), -1) / windows[:, None]
+            labels = np.asarray(sums["label_table"]) / windows
+            if self.task == "classification":
+                labels = labels.round().astype(np.int64)
+            out.update(metrics.task_metrics(self.task, logits, labels, self.num_labels))
         if "confusion" in sums:
             K = self.num_labels
             out.update(metrics.classification_metrics(np.asarray(sums["confusion"]).reshape(K, K)))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from albert_dist.data.batching import EncodedSplit
+from albert_dist.data.batching import EncodedSplit, windows
 from albert_dist.errors import DataError
 from albert_dist.finetune import entities
 from albert_dist.finetune.data import read_table, require_columns
@@ -250,15 +250,6 @@ def word_pieces(tokenizer, words: list[list[str]]) -> dict[str, list[int]]:
     distinct = sorted({word for sentence in words for word in sentence})
     encoded = tokenizer.tokenize_batch(distinct)
     return {word: (ids or [tokenizer.unk_id]) for word, (_, ids) in zip(distinct, encoded)}
-
-
-def windows(num_pieces: int, budget: int, stride: int) -> list[tuple[int, int]]:
-    """[start, end) piece ranges of at most `budget` pieces, consecutive ones sharing `stride` pieces."""
-    if num_pieces <= budget:
-        return [(0, num_pieces)]
-    step = max(1, budget - stride)
-    starts = list(range(0, num_pieces - budget, step)) + [num_pieces - budget]
-    return [(start, start + budget) for start in starts]
 
 
 def encode_tagged(
