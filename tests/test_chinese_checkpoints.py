@@ -20,6 +20,7 @@ from chinese_helpers import ZH_SENTENCES
 from albert_dist.config import load_config
 from albert_dist.errors import ConfigError
 from albert_dist.finetune.config import DistillJobConfig, FinetuneJobConfig
+from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -269,3 +270,60 @@ def test_afqmc_and_tnews_configs_read_their_layouts(workspace, tmp_path):
     cfg = clue_config("clue_tnews.yaml", tmp_path, [f"data.train={tmp_path / 'tnews.json'}", "data.dev="])
     news = prepare_task_data(cfg.data, "classification", model)
     assert news.label_names == ["news_culture", "news_tech", "news_travel"]
+
+
+def test_more_clue_configs_read_their_layouts(workspace, tmp_path):
+    """IFLYTEK's long descriptions become windows, OCNLI's '-' pairs are left out, CSL's keyword lists are one
+    text, CLUENER's spans become tags: each config on rows in its task's file layout."""
+    from ner_helpers import sentences, write_cluener
+
+    from albert_dist.finetune.job import prepare_task_data
+
+    def write(name, rows):
+        path = tmp_path / f"{name}.json"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        return path
+
+    model = workspace / "albert_chinese_small"
+    long_text = "".join(ZH_SENTENCES) * 2
+    iflytek = write(
+        "iflytek",
+        [{"label": str(i % 2), "label_des": "社区超市" if i % 2 else "打车", "sentence": long_text} for i in range(6)],
+    )
+    cfg = clue_config("clue_iflytek.yaml", tmp_path, [f"data.train={iflytek}", "data.dev="])
+    read = prepare_task_data(cfg.data, "classification", model).splits["train"].arrays
+    assert len(read["length"]) > 2 * len(set(read["document"].tolist()))  # each long text is several windows
+
+    labels = ["entailment", "neutral", "contradiction", "-"]
+    ocnli = write(
+        "ocnli",
+        [
+            {
+                "sentence1": ZH_SENTENCES[i % 12],
+                "sentence2": ZH_SENTENCES[(i + 1) % 12],
+                "label": labels[i % 4],
+                "genre": "news",
+            }
+            for i in range(40)
+        ],
+    )
+    cfg = clue_config("clue_ocnli.yaml", tmp_path, [f"data.train={ocnli}", "data.dev=", "data.dev_fraction=0.2"])
+    pairs = prepare_task_data(cfg.data, "classification", model)
+    assert pairs.label_names == labels[:3] and sum(len(s) for s in pairs.splits.values()) == 30
+
+    csl = write(
+        "csl",
+        [{"id": i, "abst": ZH_SENTENCES[i % 12], "keyword": ["北京", "语言"], "label": str(i % 2)} for i in range(20)],
+    )
+    cfg = clue_config("clue_csl.yaml", tmp_path, [f"data.train={csl}", "data.dev="])
+    keyword_rows = prepare_task_data(cfg.data, "classification", model).splits["train"].arrays
+    tokenizer = load_tokenizer(model)
+    first = keyword_rows["input_ids"][0, : keyword_rows["length"][0]].tolist()
+    assert (
+        first[: first.index(tokenizer.sep_id) + 1] == tokenizer.build_inputs(tokenizer.encode("北京 语言"))["input_ids"]
+    )
+
+    cluener = write_cluener(tmp_path / "cluener.json", sentences(30, seed=4))
+    cfg = clue_config("clue_cluener.yaml", tmp_path, [f"data.train={cluener}", "data.dev="])
+    tagged = prepare_task_data(cfg.data, "token_classification", model)
+    assert tagged.label_names[0] == "O" and {"B-PER", "I-LOC", "B-ORG"} <= set(tagged.label_names)

@@ -38,6 +38,10 @@ CONFIG_CLASSES = {
     "clue_lcqmc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "clue_afqmc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "clue_tnews": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "clue_iflytek": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "clue_ocnli": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "clue_csl": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "clue_cluener": ("albert_dist.finetune.config", "FinetuneJobConfig"),
 }
 
 

@@ -65,6 +65,11 @@ class TaskDataSection(Section):
     text_pair_column: str | None = Field(None, description="Second text of pair tasks (LCQMC, MRPC).")
     label_column: str = "label"
     labels: list[str] | None = Field(None, description="Label names in id order; default: sorted train labels.")
+    drop_labels: list[str] = Field(
+        default_factory=list,
+        description="Rows with one of these labels are left out of every split (OCNLI and CMNLI mark the pairs "
+        "their annotators disagreed on with '-').",
+    )
     dev_fraction: float = Field(0.1, gt=0, lt=1)
     test_fraction: float = Field(0.0, ge=0, lt=1)
     split_seed: int = 12345

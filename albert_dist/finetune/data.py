@@ -100,7 +100,11 @@ def require_columns(table: pa.Table, path: str | Path, **roles: str | None) -> N
 
 
 def text_values(table: pa.Table, column: str) -> list[str]:
-    return ["" if v is None else str(v) for v in table.column(column).to_pylist()]
+    """The column as texts; a list of strings (CSL's keywords) is joined with spaces, as CLUE's baselines do."""
+    return [
+        "" if v is None else " ".join(map(str, v)) if isinstance(v, list) else str(v)
+        for v in table.column(column).to_pylist()
+    ]
 
 
 @dataclass
@@ -127,6 +131,12 @@ def read_split(path: str, data, label_column: str | None) -> Split:
         table, path, text_column=data.text_column, text_pair_column=data.text_pair_column, label_column=label_column
     )
     labels = table.column(label_column).to_pylist() if label_column else [None] * table.num_rows
+    dropped = set(getattr(data, "drop_labels", ()))
+    if label_column and dropped:
+        kept = [i for i, v in enumerate(labels) if str(v) not in dropped]
+        table, labels = table.take(kept), [labels[i] for i in kept]
+        if not kept:
+            raise DataError(f"{path}: every row has a label in data.drop_labels ({', '.join(sorted(dropped))})")
     if label_column and any(v is None for v in labels):
         row = labels.index(None)
         raise DataError(f"{path}: column {label_column!r} is empty in row {row + 1}")
