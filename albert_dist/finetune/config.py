@@ -24,6 +24,7 @@ TASK_METRICS = {
     "classification": ("accuracy", "f1", "mcc", "loss"),
     "regression": ("pearson", "spearman", "loss"),
     "token_classification": ("f1", "precision", "recall", "accuracy", "loss"),
+    "question_answering": ("f1", "exact_match", "loss"),
 }
 
 
@@ -59,7 +60,9 @@ class TaskDataSection(Section):
     format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "conll", "cluener"] = Field(
         "auto",
         description="auto: from the extension. Token classification reads conll (token<TAB>tag lines), cluener "
-        "(CLUENER2020 JSON lines) and jsonl/parquet rows of data.tokens_column and data.tags_column.",
+        "(CLUENER2020 JSON lines) and jsonl/parquet rows of data.tokens_column and data.tags_column. Question "
+        "answering reads SQuAD's JSON layout (SQuAD v1/v2, CMRC2018) or JSON lines of flat records, whatever this "
+        "says.",
     )
     text_column: str = "text"
     text_pair_column: str | None = Field(None, description="Second text of pair tasks (LCQMC, MRPC).")
@@ -86,7 +89,20 @@ class TaskDataSection(Section):
         None,
         ge=0,
         description="Pieces that consecutive windows of a long text share (empty: a quarter of max_seq_length); "
-        "in token classification each word is scored by the window where it has the most context.",
+        "in token classification each word is scored by the window where it has the most context; in question "
+        "answering each context is read in windows after its question, an answer decoded from any of them.",
+    )
+    max_question_length: int = Field(
+        64, ge=1, description="Question answering: a question's pieces beyond this many are cut (run_qa's cap)."
+    )
+    max_answer_length: int = Field(
+        30, ge=1, description="Question answering: the longest answer decoded, in pieces (run_qa's default)."
+    )
+    language: Literal["auto", "zh", "en"] = Field(
+        "auto",
+        description="Question answering: which exact match and F1 score the answers: zh (CMRC2018's: characters, "
+        "punctuation removed, F1 from the longest common substring) or en (SQuAD's: normalized whitespace words); "
+        "auto: zh when most of the training contexts' characters are CJK.",
     )
     pad_to_multiple_of: int = Field(8, ge=1)
     group_by_length: bool = Field(
@@ -136,10 +152,12 @@ class TaskTrainingSection(Section):
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of the steps warming up (sets warmup_steps).")
     layer_lr_decay: float = Field(1.0, gt=0, le=1)
     lr_scales: dict[str, float] = Field(default_factory=dict)
-    metric: Literal["accuracy", "f1", "mcc", "pearson", "spearman", "precision", "recall", "loss"] | None = Field(
+    metric: (
+        Literal["accuracy", "f1", "mcc", "pearson", "spearman", "precision", "recall", "exact_match", "loss"] | None
+    ) = Field(
         None,
         description="Dev metric for the best model and early stopping (by default accuracy for classification, "
-        "pearson for regression, entity-level f1 for token classification).",
+        "pearson for regression, entity-level f1 for token classification, answer f1 for question answering).",
     )
     early_stopping_patience: int | None = Field(None, ge=1, description="Evaluations without improvement.")
     eval_batch_size: int = Field(64, gt=0)
@@ -176,10 +194,11 @@ class TaskTrainingSection(Section):
 class FinetuneSection(TaskTrainingSection):
     """Fine-tuning's `finetune:`: the task kind too."""
 
-    task: Literal["classification", "regression", "token_classification"] = Field(
+    task: Literal["classification", "regression", "token_classification", "question_answering"] = Field(
         "classification",
-        description="classification (sentences or pairs), regression, or token_classification (NER: a tag per "
-        "word, scored by entity-level precision, recall and F1 as seqeval's strict mode).",
+        description="classification (sentences or pairs), regression, token_classification (NER: a tag per "
+        "word, scored by entity-level precision, recall and F1 as seqeval's strict mode) or question_answering "
+        "(extractive reading comprehension: an answer span of the context, scored by exact match and F1).",
     )
 
 

@@ -19,24 +19,34 @@ from typing import Any
 from albert_dist.config import TrainBase, TrainSection
 from albert_dist.data import batching
 from albert_dist.errors import ConfigError
-from albert_dist.finetune import data, entities, inference, token_data, token_task
+from albert_dist.finetune import data, entities, inference, qa_data, qa_task, token_data, token_task
 from albert_dist.finetune.config import FinetuneJobConfig, TaskDataSection, TaskTrainingSection
+from albert_dist.finetune.qa_task import QuestionAnsweringSpec
 from albert_dist.finetune.task import ClassificationSpec
 from albert_dist.finetune.token_task import TokenClassificationSpec
-from albert_dist.model import AlbertForSequenceClassification, AlbertForTokenClassification
+from albert_dist.model import (
+    AlbertForQuestionAnswering,
+    AlbertForSequenceClassification,
+    AlbertForTokenClassification,
+)
 from albert_dist.storage import fetch_dir, is_uri, join_location, read_bytes
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 from albert_dist.tracking import run as tracking
 from albert_dist.train.plan import Plan, base_plan
 from albert_dist.training_job import JobOutcome, TrainingJob
 
+QA_LABELS = ["start", "end"]  # question answering's two outputs, per position
+
 
 @dataclass
 class TaskData:
-    """Encoded splits and the label names (None for regression)."""
+    """Encoded splits and the label names (None for regression); for question answering each split's gold
+    answers and how answers are decoded and scored (`qa_task.score`'s settings)."""
 
     splits: dict[str, batching.EncodedSplit]
     label_names: list[str] | None
+    gold: dict[str, qa_data.Gold] | None = None
+    decoding: dict[str, Any] | None = None
 
     @property
     def num_labels(self) -> int:
@@ -58,6 +68,8 @@ def prepare_task_data(
     """Read, label and tokenize train/dev(/test); `label_names` fixes the label order (a teacher's)."""
     if task == "token_classification":
         return prepare_tagged_data(section, tokenizer_dir, label_names)
+    if task == "question_answering":
+        return prepare_question_data(section, tokenizer_dir)
     raw = data.load_splits(section)
     names = None if task == "regression" else label_names or data.label_names(raw["train"], section.labels)
     label2id = {name: i for i, name in enumerate(names or [])}
@@ -94,10 +106,37 @@ def prepare_tagged_data(
     return TaskData(splits, names)
 
 
+def prepare_question_data(section: TaskDataSection, tokenizer_dir: str | Path) -> TaskData:
+    """Question answering's splits: questions over contexts cut into windows after their question, with each
+    split's gold answers; the metric's language from data.language or the training contexts, and no-answer
+    decoding when the training data holds unanswerable questions (SQuAD v2)."""
+    raw = data.load_splits(section, qa_data.read_questions)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    splits = {
+        name: qa_data.encode_questions(
+            split, tokenizer, section.max_seq_length, section.window_overlap, section.max_question_length
+        )
+        for name, split in raw.items()
+    }
+    decoding = {
+        "language": qa_data.language_of(raw["train"].contexts) if section.language == "auto" else section.language,
+        "max_answer_length": section.max_answer_length,
+        "allow_no_answer": raw["train"].has_unanswerable,
+    }
+    return TaskData(splits, list(QA_LABELS), {name: split.gold() for name, split in raw.items()}, decoding)
+
+
 def label_overrides(task: str, label_names: list[str] | None) -> dict[str, Any]:
     """config.json fields of the classifier: the label names are saved with the model."""
     if task == "regression":
         return {"num_labels": 1, "problem_type": "regression", "id2label": {0: "score"}, "label2id": {"score": 0}}
+    if task == "question_answering":  # transformers' QA head: 2 outputs, no problem type
+        return {
+            "num_labels": 2,
+            "problem_type": None,
+            "id2label": dict(enumerate(QA_LABELS)),
+            "label2id": {n: i for i, n in enumerate(QA_LABELS)},
+        }
     return {
         "num_labels": len(label_names),
         # transformers' token classifiers record no problem type
@@ -187,7 +226,8 @@ def encoded_digests(task_data: TaskData) -> dict[str, str]:
 
 def model_class(task: str) -> type:
     """The transformers-layout head a task trains."""
-    return AlbertForTokenClassification if task == "token_classification" else AlbertForSequenceClassification
+    heads = {"token_classification": AlbertForTokenClassification, "question_answering": AlbertForQuestionAnswering}
+    return heads.get(task, AlbertForSequenceClassification)
 
 
 def classifier_model(cfg):
@@ -215,12 +255,14 @@ def classification_spec(
     """The workers' task: fine-tune `init_from` (its tokenizer, unless `tokenizer_dir` names another) on
     `task_data` with the job's settings (`train` as `schedule` derived it)."""
     tagged = task == "token_classification"
-    return (TokenClassificationSpec if tagged else ClassificationSpec)(
-        **(
-            {"label_names": tuple(task_data.label_names), "scheme": entities.scheme_of(task_data.label_names)}
-            if tagged
-            else {}
-        ),
+    extra, kind = {}, ClassificationSpec
+    if tagged:
+        names = task_data.label_names
+        extra, kind = {"label_names": tuple(names), "scheme": entities.scheme_of(names)}, TokenClassificationSpec
+    elif task == "question_answering":
+        extra, kind = {"gold": task_data.gold["dev"], **task_data.decoding}, QuestionAnsweringSpec
+    return kind(
+        **extra,
         init_from=init_from,
         tokenizer_dir=tokenizer_dir or init_from,
         task=task,
@@ -240,7 +282,9 @@ def classification_spec(
         group_by_length=data_section.group_by_length,
         max_seq_length=data_section.max_seq_length,
         allow_pickle=allow_pickle,
-        window_overlap=data_section.window_overlap if tagged or data_section.long_text == "windows" else None,
+        window_overlap=data_section.window_overlap
+        if tagged or task == "question_answering" or data_section.long_text == "windows"
+        else None,
     )
 
 
@@ -264,6 +308,10 @@ def final_metrics(model_dir: str | Path, task_data: TaskData, task: str, cfg) ->
                 names = task_data.label_names
                 values = token_task.evaluate_tokens(
                     model, task_data.splits[split], names, entities.scheme_of(names), **settings
+                )
+            elif task == "question_answering":
+                values = qa_task.evaluate_questions(
+                    model, task_data.splits[split], task_data.gold[split], task_data.decoding, **settings
                 )
             else:
                 values = inference.evaluate(model, task_data.splits[split], task=task, **settings)
@@ -312,7 +360,7 @@ def plan(cfg: FinetuneJobConfig) -> Plan:
         stage=lambda run: log_task_data(run, cfg.data, task_data),
         banner=[
             f"fine-tuning {init_from} for {task} ({task_data.num_labels} output(s)) on {rows} rows"
-            f"{' (windows)' if task == 'token_classification' else ''}, "
+            f"{' (windows)' if task in ('token_classification', 'question_answering') else ''}, "
             f"{train.max_steps} steps on {cfg.scaling.num_workers} worker(s)"
         ],
         evaluate=lambda model_dir: final_metrics(model_dir, task_data, task, cfg),
