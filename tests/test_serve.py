@@ -66,16 +66,16 @@ def classifier_dir(directory: Path, corpus: Path) -> Path:
     )
     AlbertForSequenceClassification(config).save_pretrained(directory)
     load_tokenizer(directory).save(directory)
-    inference.save_max_seq_length(directory, 24)
+    inference.save_reading(directory, 24)
     return directory
 
 
-def reference(model_dir: Path, texts: list[str], pairs: list[str] | None = None) -> list[dict]:
+def reference(model_dir: Path, texts: list[str], pairs: list[str] | None = None, precision: str = "fp32") -> list[dict]:
     """What `albert-dist predict` adds to each row, one object per text."""
     rows = {"text": np.array(texts, dtype=object)}
     if pairs is not None:
         rows["text_pair"] = np.array(pairs, dtype=object)
-    out = Predictor(model_dir, "text", "text_pair" if pairs is not None else None, 64, "fp32")(rows)
+    out = Predictor(model_dir, "text", "text_pair" if pairs is not None else None, 64, precision)(rows)
     return protocol.predictions({k: v for k, v in out.items() if k not in rows}, 0, len(texts))
 
 
