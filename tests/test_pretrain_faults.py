@@ -132,6 +132,46 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
     assert max(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")) == RESUME_STEPS
 
 
+def test_ctrl_c_stops_the_run_as_the_users_and_a_relaunch_resumes_it(prepared, baseline, ray_session):
+    """A real SIGINT to the running `albert-dist pretrain`'s process group, as a terminal's Ctrl-C sends it, once a
+    checkpoint is stored: the command ends 130 saying so, its MLflow run is KILLED (stopped by the user), no model
+    is published, every stored checkpoint still verifies, and a relaunch resumes from the newest of them and ends
+    bit for bit as the uninterrupted run."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir = prepared / "interrupted"
+    victim = _launch(prepared, "interrupted")
+    workers = _training_workers()
+    assert _wait_for_checkpoint(run_dir, victim), "no checkpoint appeared"
+    # the workers held first, so that the run is still training when the interrupt reaches its driver (30 tiny
+    # steps take about a second), then let go for the abort to stop them
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    os.killpg(victim.pid, signal.SIGINT)
+    for pid in workers:
+        os.kill(pid, signal.SIGCONT)
+    out, _ = victim.communicate(timeout=300)
+    assert victim.returncode == 130 and "albert-dist: interrupted" in out, (victim.returncode, out[-3000:])
+    assert not (run_dir / "model").exists()
+    verifying = verifying_steps(run_dir)
+    stored = {path for path in run_dir.glob("ray/*/checkpoint_*") if path.is_dir()}
+    assert stored and set(verifying_checkpoints(run_dir)) == stored, "a stored checkpoint does not verify"
+
+    client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("albert-dist").experiment_id
+
+    def runs():
+        return client.search_runs(experiment, filter_string="attributes.run_name = 'interrupted'")
+
+    assert [run.info.status for run in runs()] == ["KILLED"]
+    again = _launch(prepared, "interrupted")
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out
+    assert_mid_run(int(re.search(r"resumed from .* at step (\d+)", out).group(1)), verifying, RESUME_STEPS)
+    assert_same_weights(baseline, final_weights(run_dir))
+    assert [run.info.status for run in runs()] == ["FINISHED"]  # the same run, resumed
+
+
 class TrackingServer:
     """A real `mlflow server` that a test stops and starts again on the same port and store."""
 

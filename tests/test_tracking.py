@@ -200,20 +200,22 @@ def test_job_run_ends_finished_and_a_relaunch_resumes_the_same_run(store, tmp_pa
     assert client.get_run(run.run_id).info.status == "FINISHED"
 
 
-@pytest.mark.parametrize("error", [ValueError("bad input"), KeyboardInterrupt(), SystemExit(1)])
-def test_job_run_marks_the_run_failed_on_any_exception(store, tmp_path, error):
+@pytest.mark.parametrize(
+    "error, status", [(ValueError("bad input"), "FAILED"), (KeyboardInterrupt(), "KILLED"), (SystemExit(1), "FAILED")]
+)
+def test_job_run_marks_the_run_failed_on_any_exception_and_killed_on_ctrl_c(store, tmp_path, error, status):
     with pytest.raises(type(error)):
         with tracked(job_config(store, tmp_path, "broken"), "finetune") as run:
             raise error
-    assert tracking.mlflow_client(run.uri).get_run(run.run_id).info.status == "FAILED"
+    assert tracking.mlflow_client(run.uri).get_run(run.run_id).info.status == status
 
 
 def test_a_run_ended_by_someone_else_keeps_its_status_when_the_job_then_fails(store, tmp_path):
     # a sweep's driver ends the run of a trial its scheduler stopped (KILLED) before the trial's process stops
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(RuntimeError):
         with tracked(job_config(store, tmp_path, "stopped"), "finetune") as run:
             tracking.finish_run(run.uri, run.run_id, "KILLED")
-            raise KeyboardInterrupt
+            raise RuntimeError("the trial's workers were stopped")
     assert tracking.mlflow_client(run.uri).get_run(run.run_id).info.status == "KILLED"
 
 

@@ -261,20 +261,20 @@ class JobRun:
         with tracking_errors(f"marking the run {status}"):
             finish_run(self.uri, self.run_id, status)
 
-    def mark_failed(self) -> str:
-        """Mark the run FAILED if the store answers and nothing has ended it already; says which happened. (A
-        sweep's driver ends a trial's run KILLED when its scheduler stops the trial, before the trial's own process
-        stops with an exception: that status stays.)"""
+    def mark_ended(self, status: str) -> str:
+        """Mark the run `status` (FAILED, or KILLED: stopped by the user) if the store answers and nothing has ended
+        it already; says which happened. (A sweep's driver ends a trial's run KILLED when its scheduler stops the
+        trial, before the trial's own process stops with an exception: that status stays.)"""
         try:
             with tracking_errors("reading the run's status"):
-                status = mlflow_client(self.uri).get_run(self.run_id).info.status
-            if status != "RUNNING":
-                return f"MLflow run {self.run_id} had already ended {status}"
-            self.end("FAILED")
+                current = mlflow_client(self.uri).get_run(self.run_id).info.status
+            if current != "RUNNING":
+                return f"MLflow run {self.run_id} had already ended {current}"
+            self.end(status)
         except TrackingError as err:
             log.warning("%s", err)
-            return f"MLflow run {self.run_id} could not be marked FAILED (the store did not answer)"
-        return f"MLflow run {self.run_id} marked FAILED"
+            return f"MLflow run {self.run_id} could not be marked {status} (the store did not answer)"
+        return f"MLflow run {self.run_id} marked {status}"
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,8 @@ def job_run(
 
     Opens the run of `target.run_dir` (resumes it on a relaunch), tagged `albert_dist.job=<job>` plus `tags`;
     logs the flat `params` (redacted) and the job's config as the artifact `config/<job>.yaml`. The run ends
-    FINISHED when the block ends, FAILED on any exception (Ctrl-C and exit included).
+    FINISHED when the block ends, KILLED when the user stops it (Ctrl-C), FAILED on any other exception (exit
+    included).
 
     An MLflow failure after the job published its model (`JobRun.published`) is one `TrackingError` saying
     where the model is; another error then carries that as a note."""
@@ -313,7 +314,8 @@ def job_run(
         yield run
         run.end("FINISHED")
     except BaseException as err:
-        marked = run.mark_failed()
+        # Ctrl-C (SIGINT) is the user stopping the job: MLflow's KILLED; anything else FAILED
+        marked = run.mark_ended("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         if run.model_location is None or not isinstance(err, Exception):
             raise
         if isinstance(err, TrackingError):

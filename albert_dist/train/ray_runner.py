@@ -7,10 +7,13 @@ the run's checkpoint history there); `FailureConfig(max_failures)` restarts fail
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +75,35 @@ def torch_threads(scaling: ScalingSection) -> int:
     return max(1, int(scaling.cpus_per_worker))
 
 
+class InterruptibleTrainer(ray.train.torch.TorchTrainer):
+    """Ctrl-C (SIGINT) stops the run as the user's. Ray Train's own handler aborts the run's controller and then
+    exits the process (SystemExit, its status 0 or 1): the job would mark its MLflow run FAILED and print nothing.
+    This one asks the controller to abort and raises KeyboardInterrupt in the driver, so the job marks its run KILLED
+    and the command ends 130 saying so; checkpoints stored so far stay, for a relaunch to resume from."""
+
+    def _register_sigint_handler(self, controller) -> None:
+        def interrupted(signum, frame):
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts whatever runs then
+            controller.abort.remote()
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, interrupted)
+
+
+@contextlib.contextmanager
+def _sigint_restored():
+    """The driver's SIGINT handler as it was before the block (the trainer's handler outlives its run otherwise);
+    only the main thread sets handlers, and only there does the trainer install one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_training(
     plan: Plan, *, tracking: tuple[str, str] | None = None, callbacks: list | None = None
 ) -> TrainingResult:
@@ -98,7 +130,7 @@ def run_training(
     options = DataContext.get_current().execution_options
     # in object storage, Ray Train stores checkpoints through the same retrying filesystem as everything else
     storage_fs, storage_in_fs = filesystem(str(storage_path)) if is_uri(storage_path) else (None, str(storage_path))
-    trainer = ray.train.torch.TorchTrainer(
+    trainer = InterruptibleTrainer(
         _train_worker,
         train_loop_config={
             "task": plan.task,
@@ -125,7 +157,8 @@ def run_training(
         dataset_config=DataConfig(datasets_to_split=[], execution_options=options),
     )
     try:
-        result = trainer.fit()
+        with _sigint_restored():
+            result = trainer.fit()
     except WorkerGroupError as err:
         raise _user_error(err.worker_failures.values(), storage_dir) or err from None
     except ControllerError as err:
