@@ -100,12 +100,12 @@ class Server:
     model_dir: Path
     output: list[str] = field(default_factory=list)
 
-    def request(self, body: bytes | None = None, token: str | None = "", method: str | None = None):
+    def request(self, body: bytes | None = None, token: str | None = "", method: str | None = None, path: str = ""):
         """(status, decoded JSON answer) of one request; `token` "" sends the right one, None none."""
         headers = {"Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token or self.token}"
-        request = urllib.request.Request(self.url, data=body, headers=headers, method=method)
+        request = urllib.request.Request(self.url + path, data=body, headers=headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
                 return response.status, json.loads(response.read())
@@ -192,6 +192,8 @@ def test_a_bad_request_is_a_400_saying_why_in_one_line(server):
         status, answer = server.request(body)
         assert status == 400, body
         assert said in answer["error"] and "\n" not in answer["error"]
+    assert server.request(b'{"texts": ["a"]}', path="predict")[0] == 404
+    assert server.request(None, method="DELETE")[0] == 405
 
 
 @pytest.mark.slow

@@ -90,7 +90,7 @@ class ServedModel:
                 {"error": "a bearer token is required: Authorization: Bearer <token>"},
                 {"WWW-Authenticate": "Bearer"},
             )
-        if request.url.path.rstrip("/"):
+        if request.url.path[len(request.scope.get("root_path", "")) :].strip("/"):  # below the route's own path
             return _answer(404, {"error": f'no {request.url.path}: POST / with {{"texts": [...]}}'})
         if request.method == "GET":
             return _answer(200, self.describe())
