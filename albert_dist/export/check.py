@@ -6,6 +6,11 @@ the output: max abs diff ≤ `max_abs` + `max_rel` × the output's largest |valu
 token, the answer's start and end) must agree on at least `min_agreement` of the rows (token positions for per-token
 outputs, padding left out) where the output has a class axis. Rows where PyTorch's own top two are within the bound
 of each other are ties the allowed difference may reorder: they are left out of the agreement.
+
+The samples are random tokens, far from any text a model was trained on: int8 moves a trained classifier's logits on
+them by up to ~15 % of their largest value (our tests' and benchmarks' models), where a broken graph (a mask or a
+weight gone wrong) moves them by about their own size. int8's bound is 30 % of the output's range; how much int8
+costs on real text is what `--dev` measures.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ class Tolerance:
 TOLERANCES = {
     "none": Tolerance(max_abs=1e-4),
     "fp16": Tolerance(max_abs=1e-3, max_rel=0.02, min_agreement=0.95),
-    "int8": Tolerance(max_abs=1e-3, max_rel=0.15, min_agreement=0.9),
+    "int8": Tolerance(max_abs=1e-3, max_rel=0.3, min_agreement=0.9),
 }
 SAMPLE_SHAPES = ((4, 16), (6, 37))  # (batch, length); neither is the shape the graph was traced at
 PER_ROW_ARGMAX = ("start_logits", "end_logits")  # the answer's position: argmax over the sequence

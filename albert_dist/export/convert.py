@@ -115,6 +115,9 @@ def to_onnx(model: nn.Module, outputs: tuple[str, ...], path: Path, opset: int =
             dynamo=True,
             verbose=False,
         )
+    # The tracer's notes on every node (stack traces naming this machine's paths, module names) do not ship.
+    for node in program.model.graph.all_nodes():
+        node.metadata_props.clear()
     program.save(str(path))
 
 
@@ -131,7 +134,9 @@ def to_int8(source: Path, path: Path, config: AlbertConfig) -> None:
             model_type="bert",
             num_heads=config.num_attention_heads,
             hidden_size=config.hidden_size,
-            opt_level=0,  # fusions only: the graph stays free of one machine's kernel choices
+            # onnxruntime's basic level (constant folding, redundant nodes) first: it leaves no kernel choice of one
+            # machine's in the graph, and types every tensor again, which the quantizer needs after the fusions
+            opt_level=1,
         )
         fused_path = source.with_name("fused.onnx")
         fused.save_model_to_file(str(fused_path))
