@@ -346,3 +346,30 @@ def test_question_answering_config():
     overrides = job.label_overrides("question_answering", None)
     assert overrides["num_labels"] == 2 and len(overrides["id2label"]) == 2
     assert job.model_class("question_answering") is AlbertForQuestionAnswering
+
+
+def test_span_distillation_compares_distributions_over_positions_leaving_padding_out():
+    from albert_dist.finetune.distill import span_distillation_loss
+
+    torch.manual_seed(0)
+    student, teacher = torch.randn(3, 9, 2), torch.randn(3, 9, 2)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, 6:] = mask[2, 4:] = 0
+    start, end = torch.tensor([2, 0, 3]), torch.tensor([4, 0, 3])
+    loss, kd, ce = span_distillation_loss(student, teacher, start, end, mask, 2.0, 0.3)
+    assert loss.item() == pytest.approx(0.3 * kd.item() + 0.7 * ce.item(), rel=1e-6)
+    # row by row over its own positions: KL of the tempered distributions (× T²), CE of the gold positions
+    kl, nll = [], []
+    for row in range(3):
+        k = int(mask[row].sum())
+        for i, gold in enumerate((start, end)):
+            p_teacher = torch.softmax(teacher[row, :k, i] / 2, 0)
+            log_student = torch.log_softmax(student[row, :k, i] / 2, 0)
+            kl.append((p_teacher * (p_teacher.log() - log_student)).sum() * 4)
+            nll.append(-torch.log_softmax(student[row, :k, i], 0)[gold[row]])
+    assert kd.item() == pytest.approx(torch.stack(kl).mean().item(), rel=1e-5)
+    assert ce.item() == pytest.approx(torch.stack(nll).mean().item(), rel=1e-5)
+    noisy = student.clone()
+    noisy[mask == 0] += 100  # padding's logits change nothing
+    assert span_distillation_loss(noisy, teacher, start, end, mask, 2.0, 0.3)[0].item() == pytest.approx(loss.item())
+    assert span_distillation_loss(teacher, teacher, start, end, mask, 2.0, 1.0)[1].item() == pytest.approx(0, abs=1e-6)

@@ -27,11 +27,19 @@ from safetensors.torch import load_file, save_file
 
 from albert_dist.data import batching
 from albert_dist.errors import ConfigError
-from albert_dist.finetune import entities, inference, job, token_task
+from albert_dist.finetune import entities, inference, job, qa_task, token_task
 from albert_dist.finetune.config import TASK_METRICS, DistillJobConfig
+from albert_dist.finetune.qa_task import QuestionAnsweringSpec, QuestionAnsweringTask
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask
 from albert_dist.finetune.token_task import TokenClassificationSpec, TokenClassificationTask
-from albert_dist.model import IGNORE_INDEX, AlbertConfig, AlbertForSequenceClassification, AlbertForTokenClassification
+from albert_dist.model import (
+    IGNORE_INDEX,
+    AlbertConfig,
+    AlbertForQuestionAnswering,
+    AlbertForSequenceClassification,
+    AlbertForTokenClassification,
+    AlbertQuestionAnsweringOutput,
+)
 from albert_dist.model.checkpoint import CONFIG_NAME, load_config
 from albert_dist.storage import publish_dir
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
@@ -40,7 +48,10 @@ from albert_dist.train.plan import Plan, base_plan
 from albert_dist.training_job import JobOutcome, TrainingJob
 
 PROJECTION_FILE = "distill_projection.safetensors"
-TOKEN_HEAD = AlbertForTokenClassification.architecture
+HEAD_TASKS = {
+    AlbertForTokenClassification.architecture: "token_classification",
+    AlbertForQuestionAnswering.architecture: "question_answering",
+}
 
 
 def teacher_layer(student_layer: int, student_layers: int, teacher_layers: int) -> int:
@@ -77,7 +88,8 @@ class DistillationModel(torch.nn.Module):
         self.student.gradient_checkpointing = enabled
 
     def forward(self, input_ids, attention_mask, token_type_ids):
-        """(student logits, teacher logits, hidden-state MSE or None)."""
+        """(student logits, teacher logits, hidden-state MSE or None); a QA head's start and end logits stacked as
+        [B, T, 2]."""
         inputs = dict(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -90,7 +102,7 @@ class DistillationModel(torch.nn.Module):
         hidden = (
             self.hidden_mse(student.hidden_states, teacher.hidden_states, attention_mask) if self.match_hidden else None
         )
-        return student.logits, teacher.logits, hidden
+        return _logits(student), _logits(teacher), hidden
 
     def flops_per_token(self, seq_len: int) -> float:
         """The student's training step plus the teacher's forward pass."""
@@ -110,6 +122,12 @@ class DistillationModel(torch.nn.Module):
         return total / Ls
 
 
+def _logits(out) -> torch.Tensor:
+    if isinstance(out, AlbertQuestionAnsweringOutput):
+        return torch.stack((out.start_logits, out.end_logits), -1)
+    return out.logits
+
+
 def distillation_loss(student_logits, teacher_logits, labels, temperature: float, alpha: float):
     """(α·T²·KL(student/T ‖ teacher/T) + (1−α)·CE, KL term, CE term), averaged over the labelled rows: sentences,
     or for token classification the tagged positions (labels -100 are left out of both terms, by weight rather
@@ -127,6 +145,32 @@ def distillation_loss(student_logits, teacher_logits, labels, temperature: float
     return alpha * kd + (1 - alpha) * ce, kd, ce
 
 
+def span_distillation_loss(
+    student_logits, teacher_logits, start_positions, end_positions, attention_mask, temperature: float, alpha: float
+):
+    """Question answering's (α·KD + (1−α)·CE, KD, CE): for the start and for the end, the KL divergence between
+    the two models' distributions over a row's positions (padding left out) and the cross-entropy of the gold
+    position, each averaged over the rows and then over start and end."""
+    T = temperature
+    padding = attention_mask.unsqueeze(-1) == 0
+    # a large finite logit rather than -inf: masked positions then add 0·(a − a) to the divergence, not NaN
+    student = student_logits.float().masked_fill(padding, -1e4)
+    teacher = teacher_logits.float().masked_fill(padding, -1e4)
+    divergence = F.kl_div(
+        F.log_softmax(student / T, 1), F.log_softmax(teacher / T, 1), reduction="none", log_target=True
+    )
+    kd = divergence.sum(1).mean() * T * T  # summed over positions, averaged over rows and over start and end
+    width = student.shape[1]
+    ce = (
+        sum(
+            F.cross_entropy(student[..., i], positions.long().clamp(0, width), ignore_index=width)
+            for i, positions in enumerate((start_positions, end_positions))
+        )
+        / 2
+    )
+    return alpha * kd + (1 - alpha) * ce, kd, ce
+
+
 @dataclass(frozen=True)
 class DistillationSpec(TaskSpec):
     """A distillation job's task: the student's fine-tuning (`classification`, from the student's initial
@@ -139,6 +183,8 @@ class DistillationSpec(TaskSpec):
     hidden_weight: float
 
     def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> DistillationTask:
+        if isinstance(self.classification, QuestionAnsweringSpec):
+            return QuestionAnsweringDistillationTask(self, rank, world_size, dataset)
         tagged = isinstance(self.classification, TokenClassificationSpec)
         return (TokenDistillationTask if tagged else DistillationTask)(self, rank, world_size, dataset)
 
@@ -162,15 +208,23 @@ class DistillationTask(SequenceClassificationTask):
         student_logits, teacher_logits, hidden = model(
             batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
         )
-        loss, kd, ce = distillation_loss(student_logits, teacher_logits, batch["label"], d.temperature, d.alpha)
+        loss, kd, ce = self.distillation_loss(student_logits, teacher_logits, batch)
         if hidden is not None:
             loss = loss + d.hidden_weight * hidden
-        stats = self.statistics(student_logits, loss, batch)
+        stats = self.student_statistics(student_logits, loss, batch)
         n = stats["count"]
         stats.update(kd_loss_sum=kd.detach() * n, ce_loss_sum=ce.detach() * n)
         if hidden is not None:
             stats["hidden_loss_sum"] = hidden.detach() * n
         return loss, stats
+
+    def distillation_loss(self, student_logits, teacher_logits, batch):
+        return distillation_loss(
+            student_logits, teacher_logits, batch["label"], self.distill.temperature, self.distill.alpha
+        )
+
+    def student_statistics(self, logits, loss, batch):
+        return self.statistics(logits, loss, batch)
 
     def summarize(self, sums):
         out = super().summarize(sums)
@@ -203,6 +257,26 @@ class DistillationTask(SequenceClassificationTask):
 class TokenDistillationTask(DistillationTask, TokenClassificationTask):
     """Per-token distillation of a NER teacher: the loss above over tagged positions, the statistics and entity
     metrics of token classification."""
+
+
+class QuestionAnsweringDistillationTask(DistillationTask, QuestionAnsweringTask):
+    """Per-position distillation of a QA teacher (`span_distillation_loss`), scored by the answers decoded from
+    the student's start and end logits."""
+
+    def distillation_loss(self, student_logits, teacher_logits, batch):
+        d = self.distill
+        return span_distillation_loss(
+            student_logits,
+            teacher_logits,
+            batch["start_position"],
+            batch["end_position"],
+            batch["attention_mask"],
+            d.temperature,
+            d.alpha,
+        )
+
+    def student_statistics(self, logits, loss, batch):
+        return self.statistics(logits[..., 0], logits[..., 1], loss, batch)
 
 
 DEFAULT_STUDENT_LAYERS = 4
@@ -280,7 +354,7 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
     inference speedup on the same batch, machine and precision."""
     metric = distill_metric(cfg)
     dev = task_data.splits["dev"]
-    t_metrics, s_metrics = (evaluate_split(model, dev, task_data, cfg) for model in (teacher, student))
+    t_metrics, s_metrics = (evaluate_split(model, "dev", task_data, cfg) for model in (teacher, student))
     batch = next(batching.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
     models = {"teacher": teacher, "student": student}
     speed = inference.throughputs(models, batch, cfg.train.precision, cfg.distill.speed_repeats)
@@ -302,8 +376,10 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
 
 
 def teacher_task(teacher_dir: str | Path) -> str:
-    """What the teacher was fine-tuned for: token classification or (sentence) classification."""
-    return "token_classification" if load_config(teacher_dir).architectures == [TOKEN_HEAD] else "classification"
+    """What the teacher was fine-tuned for: token classification, question answering or (sentence)
+    classification."""
+    architectures = load_config(teacher_dir).architectures or []
+    return HEAD_TASKS.get(architectures[0], "classification") if len(architectures) == 1 else "classification"
 
 
 def distill_metric(cfg: DistillJobConfig) -> str:
@@ -311,13 +387,16 @@ def distill_metric(cfg: DistillJobConfig) -> str:
     return cfg.finetune.metric or TASK_METRICS[teacher_task(cfg.distill.teacher)][0]
 
 
-def evaluate_split(model, encoded: batching.EncodedSplit, task_data: job.TaskData, cfg: DistillJobConfig):
+def evaluate_split(model, split: str, task_data: job.TaskData, cfg: DistillJobConfig):
     """The dev or test metrics of a teacher or student, as fine-tuning computes them for its task."""
+    encoded = task_data.splits[split]
     settings = {
         "batch_size": cfg.finetune.eval_batch_size,
         "pad_to_multiple_of": cfg.data.pad_to_multiple_of,
         "precision": cfg.train.precision,
     }
+    if isinstance(model, AlbertForQuestionAnswering):
+        return qa_task.evaluate_questions(model, encoded, task_data.gold[split], task_data.decoding, **settings)
     if isinstance(model, AlbertForTokenClassification):
         names = task_data.label_names
         return token_task.evaluate_tokens(model, encoded, names, entities.scheme_of(names), **settings)
@@ -368,7 +447,7 @@ def plan(cfg: DistillJobConfig) -> Plan:
         distilled = type(teacher).from_pretrained(model_dir)
         values = compare(teacher, distilled, task_data, cfg)
         if "test" in task_data.splits:
-            test = evaluate_split(distilled, task_data.splits["test"], task_data, cfg)
+            test = evaluate_split(distilled, "test", task_data, cfg)
             values.update({f"test_{k}": v for k, v in test.items()})
         return values
 
