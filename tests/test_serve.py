@@ -267,6 +267,9 @@ def test_the_token_and_the_listening_address(monkeypatch):
         ServeOptions("m", host="0.0.0.0").listen_host()
     with pytest.raises(ConfigError, match="--max-batch-size must be at least 1"):
         ServeOptions("m", max_batch_size=0).check()
+    with pytest.raises(ConfigError, match="--threads must be at least 1, not 0"):
+        ServeOptions("m", threads=0).check()
+    assert ServeOptions("m", replicas=2).replica_threads() == max(1, os.cpu_count() // 2)
 
 
 def test_a_pair_model_reads_its_pairs_in_a_batch(stdlib_corpus, tmp_path):

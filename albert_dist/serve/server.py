@@ -48,7 +48,7 @@ class ServeOptions:
             ("--max-batch-size", self.max_batch_size, 1),
             ("--batch-wait-ms", self.batch_wait_ms, 0),
             ("--replicas", self.replicas, 1),
-            ("--threads", self.threads or 1, 1),
+            ("--threads", 1 if self.threads is None else self.threads, 1),
             ("--port", self.port, 1),
         ]:
             if value < least:
@@ -149,7 +149,8 @@ def _serve_logging() -> dict:
 
 
 def _require_free_port(host: str, port: int) -> None:
-    """Refuse a port already taken before Ray starts: Serve's proxy would otherwise retry binding it forever."""
+    """Refuse a port already taken before Ray starts: one line here, where Serve's proxy fails with a traceback
+    once Ray and Serve are up."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with contextlib.closing(socket.create_server((host, port), family=family)):
