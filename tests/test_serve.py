@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +32,7 @@ from albert_dist.finetune import inference
 from albert_dist.finetune.predict import Predictor
 from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
 from albert_dist.serve import auth, protocol
-from albert_dist.serve.server import ServeOptions
+from albert_dist.serve.server import ServeOptions, require_free_port
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 from albert_dist.tokenizer.training import train_sentencepiece
 
@@ -267,6 +268,8 @@ def test_the_token_and_the_listening_address(monkeypatch):
         ServeOptions("m", host="0.0.0.0").listen_host()
     with pytest.raises(ConfigError, match="--max-batch-size must be at least 1"):
         ServeOptions("m", max_batch_size=0).check()
+    with socket.create_server(("127.0.0.1", 0)) as taken, pytest.raises(ConfigError, match="pick --port"):
+        require_free_port("127.0.0.1", taken.getsockname()[1])
     with pytest.raises(ConfigError, match="--threads must be at least 1, not 0"):
         ServeOptions("m", threads=0).check()
     assert ServeOptions("m", replicas=2).replica_threads() == max(1, os.cpu_count() // 2)

@@ -68,7 +68,7 @@ def run_serve(options: ServeOptions) -> int:
     load_config(model_dir)  # a missing or unreadable model is one line here, not a replica failing three times
     load_tokenizer(model_dir)
     host = options.listen_host()
-    _require_free_port(host, options.port)
+    require_free_port(host, options.port)
 
     from albert_dist.cluster.ray_init import ensure_ray
     from albert_dist.serve import auth
@@ -148,7 +148,7 @@ def _serve_logging() -> dict:
     return {"log_level": level}
 
 
-def _require_free_port(host: str, port: int) -> None:
+def require_free_port(host: str, port: int) -> None:
     """Refuse a port already taken before Ray starts: one line here, where Serve's proxy fails with a traceback
     once Ray and Serve are up."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
