@@ -289,3 +289,15 @@ def test_a_pair_model_reads_its_pairs_in_a_batch(stdlib_corpus, tmp_path):
     assert model.requests_per_batch == {2: 1}
     swapped = reference(model_dir, ["the archive"], ["socket"])[0]["prob_pos"]
     assert swapped != pytest.approx(answers[0][0]["prob_pos"], abs=1e-4)  # the pair is read, and in its place
+
+
+def test_the_command_refuses_bad_input_in_one_line(tmp_path, capsys):
+    """Before any Ray starts: a model directory that is not one, an address beyond loopback without --open."""
+    from albert_dist.cli import main
+
+    assert main(["serve", "--model", str(tmp_path / "missing")]) == 2
+    assert (
+        capsys.readouterr().err == f"albert-dist: error: checkpoint directory {tmp_path / 'missing'} does not exist\n"
+    )
+    assert main(["serve", "--model", str(tmp_path), "--host", "0.0.0.0"]) == 2
+    assert "add --open" in capsys.readouterr().err
