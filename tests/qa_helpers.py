@@ -14,8 +14,8 @@ QUESTIONS = {"PER": "文中提到的人是谁？", "LOC": "文中提到的地方
 
 
 def questions(n: int, seed: int, most: int = 2) -> list[dict]:
-    """`n` records {id, question, context, answers: [(text, start)]} over passages of 1 to `most` sentences,
-    each asking for an entity type named exactly once in its passage."""
+    """`n` records {id, question, context, answers: [(text, start)]} over passages of 1 to `most` sentences, each
+    asking for an entity type named exactly once in its passage."""
     rng = random.Random(seed)
     out = []
     while len(out) < n:

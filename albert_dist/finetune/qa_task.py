@@ -210,8 +210,8 @@ def answer_questions(
     **kwargs,
 ) -> list[Answer]:
     """Each question's answer in its context, with its character offsets, read through windows."""
-    split = qa_data.QuestionSplit("questions", [str(i) for i in range(len(questions))], questions, contexts, [])
-    split.answers = [[] for _ in questions]
+    ids = [str(i) for i in range(len(questions))]
+    split = qa_data.QuestionSplit("questions", ids, questions, contexts, [[] for _ in questions])
     encoded = qa_data.encode_questions(split, tokenizer, max_seq_length, doc_stride, max_question_length)
     start, end = window_logits(model, encoded, **kwargs)
     return best_answers(start, end, encoded, contexts, max_answer_length, allow_no_answer)
