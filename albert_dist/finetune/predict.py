@@ -16,9 +16,6 @@ or not at all.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import io
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -32,10 +29,9 @@ import torch
 from albert_dist.console import ProgressLine, verbose
 from albert_dist.data import batching
 from albert_dist.errors import AlbertDistError, ConfigError, DataError
-from albert_dist.finetune import data, inference
+from albert_dist.finetune import data, inference, predict_input
 from albert_dist.model.checkpoint import load_config
 from albert_dist.storage import filesystem, publish_file
-from albert_dist.text_encoding import first_undecodable, not_utf8_error
 from albert_dist.train.precision import resolve_precision
 
 #: inputs of this many bytes or more are streamed through Ray's actor pool; smaller ones are read whole and predicted
@@ -44,8 +40,8 @@ from albert_dist.train.precision import resolve_precision
 #: here; streamed, it pays Ray's start and each actor's model load, 15-20 s on 2 cores
 #: (benchmarks/README.md#predict).
 ACTOR_THRESHOLD = 32 << 20
-#: bytes of CSV, TSV or JSONL parsed into one block: the unit that moves through Ray's object store
-BLOCK_BYTES = 8 << 20
+#: the most bytes of rows one actor call takes
+CHUNK_BYTES = 4 << 20
 #: CPUs a read task asks for: reading and parsing is light next to inference
 READ_CPUS = 0.25
 DEVICES = ("auto", "cpu", "cuda")
@@ -177,7 +173,7 @@ def run_predict(
     columns = TextColumns(text_column, text_pair_column, output_columns(load_config(model_dir)))
     predictor_args = (str(model_dir), text_column, text_pair_column, batch_size)
     size = _file_size(location)
-    if size is None or size < actor_threshold:  # not a file at all included: read_table says what is wrong
+    if size is None or size < actor_threshold:  # no file there (or none reachable): read_table's error says so
         table = data.read_table(location)
         columns.check(table.schema, location)
         on_device = local_device(device)
@@ -224,23 +220,22 @@ class TextColumns:
             raise DataError(f"{location}: its column {taken[0]!r} would be overwritten by the prediction; rename it")
 
 
-def _chunk_rows(batch_size: int) -> int:
-    """Rows one Predictor call sorts by length and predicts: more rows, less padding."""
-    return max(16 * batch_size, 1024)
+def _chunk_rows(batch_size: int, row_bytes: float = 0) -> int:
+    """Rows one Predictor call sorts by length and predicts: more rows, less padding; no more than `CHUNK_BYTES` of
+    rows of `row_bytes` each."""
+    rows = max(16 * batch_size, 1024)
+    return max(1, min(rows, int(CHUNK_BYTES / row_bytes))) if row_bytes else rows
 
 
 def _with_predictions(predictor: Predictor, rows: pa.RecordBatch | pa.Table) -> pa.Table:
     """`rows` with the predictor's columns added; the input columns pass through as read (types, nulls)."""
-    texts = {name: rows.column(name).to_numpy(zero_copy_only=False) for name in predictor_inputs(predictor)}
+    inputs = [name for name in (predictor.text_column, predictor.text_pair_column) if name]
+    texts = {name: rows.column(name).to_numpy(zero_copy_only=False) for name in inputs}
     table = pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows
     for name, values in predictor(texts).items():
         if name not in texts:
             table = table.append_column(name, pa.array(values))
     return table
-
-
-def predictor_inputs(predictor: Predictor) -> list[str]:
-    return [predictor.text_column] + ([predictor.text_pair_column] if predictor.text_pair_column else [])
 
 
 class _ActorPredictor:
@@ -281,13 +276,14 @@ def _predicted_by_actors(
 
     from albert_dist.cluster.ray_init import ensure_ray
 
-    kind = data.file_format(location)
-    total, bytes_per_row = _first_look(location, kind, columns)
+    table = predict_input.look(location, data.file_format(location), size, columns.read)
+    columns.check(table.schema, location)
     ensure_ray()
     nodes = sum(1 for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU"))
     pool = actor_pool(device, num_actors, ray.cluster_resources(), nodes)
     resolve_precision(precision, torch.device(pool.device))
-    dataset = _read(location, kind, columns)
+    chunk_rows = _chunk_rows(predictor_args[3], table.row_bytes)
+    dataset = table.dataset(READ_CPUS)
     dataset.context.execution_options.preserve_order = True  # blocks out in input order
     dataset.context.enable_progress_bars = verbose()  # the progress line says it in one line
     # max_restarts=0: Ray Data puts an actor's arguments in the object store, and Ray cannot restart such actors
@@ -303,17 +299,17 @@ def _predicted_by_actors(
             compute=ray.data.ActorPoolStrategy(size=pool.size),
             num_cpus=pool.num_cpus,
             num_gpus=pool.num_gpus,
-            batch_size=_chunk_rows(predictor_args[3]),
+            batch_size=chunk_rows,
             batch_format="pyarrow",
             max_restarts=0,
         )
-    progress = ProgressLine("predict", total=total)
-    estimated = size / bytes_per_row if bytes_per_row else None
+    progress = ProgressLine("predict", total=table.rows)
+    estimated = size / table.row_bytes
 
     def blocks() -> Iterator[pa.Table]:
         try:
             for block in predicted.iter_batches(batch_size=None, batch_format="pyarrow"):
-                done = None if total or not estimated else min(0.99, (progress.count + block.num_rows) / estimated)
+                done = None if table.rows else min(0.99, (progress.count + block.num_rows) / estimated)
                 progress.update(block.num_rows, done)
                 yield block
         except Exception as err:
@@ -333,121 +329,6 @@ def _user_error(err: BaseException) -> AlbertDistError | None:
             return err  # not Ray's subclass of it, whose message carries the task's traceback
         err = getattr(err, "cause", None) or err.__cause__
     return None
-
-
-def _first_look(location: str, kind: str, columns: TextColumns) -> tuple[int | None, float | None]:
-    """Check the input's columns from its schema (Parquet's footer, the first block of a text file) before Ray
-    starts; returns its row count where the file records one (Parquet), else the bytes per row of its first block."""
-    import pyarrow.parquet as pq
-
-    fs, path = filesystem(location)
-    try:
-        if kind == "parquet":
-            with fs.open_input_file(path) as f:
-                metadata = pq.ParquetFile(f).metadata
-            columns.check(metadata.schema.to_arrow_schema(), location)
-            return metadata.num_rows, None
-        with fs.open_input_stream(path) as stream:
-            reader = _CheckedText(stream, location)
-            # closed before the stream: pyarrow's read-ahead threads read from it
-            with contextlib.closing(_text_blocks(reader, location, kind, columns)) as blocks:
-                first = next(blocks, None)
-            if first is None:
-                raise DataError(f"data file has no rows: {location}")
-            columns.check(first.schema, location)
-            return None, reader.position / max(1, reader.lines)  # a row a line (a quoted CSV field may hold more)
-    except (pa.ArrowInvalid, OSError) as err:
-        if isinstance(err, AlbertDistError):
-            raise
-        raise DataError(f"cannot read {location} as {kind}: {err}") from None
-
-
-def _read(location: str, kind: str, columns: TextColumns):
-    """The input as a Ray dataset, read where it is: a local file on this node (another node of a cluster may not
-    have it), a URI on any."""
-    import ray
-    import ray.data
-
-    fs, path = filesystem(location)
-    node = {"ray.io/node-id": ray.get_runtime_context().get_node_id()} if fs.type_name == "local" else None
-    if kind == "parquet":
-        return ray.data.read_parquet(path, filesystem=fs, num_cpus=READ_CPUS, label_selector=node)
-    source = _text_source_class()(location, kind, columns)
-    return ray.data.read_datasource(source, num_cpus=READ_CPUS, label_selector=node)
-
-
-@functools.cache  # one class per process, made once Ray is imported (Ray costs seconds to import)
-def _text_source_class():
-    from ray.data.datasource import FileBasedDatasource
-
-    class TextSource(FileBasedDatasource):
-        """A CSV, TSV or JSONL file as blocks of `BLOCK_BYTES`, streamed, its bytes checked for UTF-8 on the way
-        (Ray Data's JSONL reader takes no filesystem and reads through pandas; neither checks the encoding)."""
-
-        def __init__(self, location: str, kind: str, columns: TextColumns):
-            fs, path = filesystem(location)
-            super().__init__(path, filesystem=fs)
-            self.location, self.kind, self.columns = location, kind, columns
-
-        def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
-            try:
-                yield from _text_blocks(_CheckedText(f, self.location), self.location, self.kind, self.columns)
-            except pa.ArrowInvalid as err:
-                raise DataError(f"cannot read {self.location} as {self.kind}: {err}") from None
-
-    return TextSource
-
-
-def _text_blocks(stream: io.RawIOBase, location: str, kind: str, columns: TextColumns) -> Iterator[pa.Table]:
-    """A CSV, TSV or JSONL stream as tables of about `BLOCK_BYTES` each; the text columns read as strings (pyarrow
-    would take a text column of digits in the first block for numbers, and a later word would fail the read)."""
-    import pyarrow.csv as pacsv
-    import pyarrow.json as pajson
-
-    if kind == "jsonl":
-        reader = pajson.open_json(stream, read_options=pajson.ReadOptions(use_threads=False, block_size=BLOCK_BYTES))
-    else:
-        reader = pacsv.open_csv(
-            stream,
-            read_options=pacsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
-            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False) if kind == "tsv" else None,
-            convert_options=pacsv.ConvertOptions(column_types={name: pa.string() for name in columns.read}),
-        )
-    for batch in reader:
-        yield pa.Table.from_batches([batch])
-
-
-class _CheckedText(io.RawIOBase):
-    """A file's bytes as they are read, checked for UTF-8 on the way: the first undecodable byte (or NUL) stops the
-    read with the error `data.read_table` gives, naming its line, without a second pass over the file."""
-
-    def __init__(self, stream, location: str):
-        self.stream, self.location = stream, location
-        self.position, self.lines = 0, 0
-        self.head = b""  # the file's start, where `not_utf8_error` looks for the encoding
-        self.unchecked = b""  # the last line so far, checked once it ends: a line end never splits a character
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        chunk = self.stream.read(size)
-        self.position += len(chunk)
-        if len(self.head) < 1 << 16:
-            self.head += chunk[: (1 << 16) - len(self.head)]
-        text = self.unchecked + chunk
-        end = len(text) if not chunk else text.rfind(b"\n") + 1
-        self._check(text[:end])
-        self.unchecked = text[end:]
-        return chunk
-
-    def _check(self, lines: bytes) -> None:
-        found = first_undecodable(lines)
-        if found:
-            line, byte = found.removeprefix("line ").split(", ", 1)
-            detail = f"line {self.lines + int(line)}, {byte}"
-            raise not_utf8_error(self.location, self.head, detail)
-        self.lines += lines.count(b"\n")
 
 
 def _write_tables(tables: Iterator[pa.Table], path: Path, kind: str) -> int:
