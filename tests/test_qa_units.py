@@ -156,12 +156,22 @@ def test_long_contexts_are_windows_that_hold_the_answer_whole(tokenizer_dir):
             assert (a["piece_start"][w, : question + 2] == -1).all() and a["piece_start"][w, k - 1] == -1
             covered = sorted({int(c) for c in a["piece_start"][w] if c >= 0})
             assert covered == sorted(covered) and all(0 <= c < len(record["context"]) for c in covered)
-        # the windows together cover every character of the context that is not a space
-        seen = set()
+        # the windows together cover every character of the context, and each piece may start an answer in one
+        seen, starts = set(), []
         for w in own:
-            for s, e in zip(a["piece_start"][w], a["piece_end"][w]):
+            for s, e, m in zip(a["piece_start"][w], a["piece_end"][w], a["max_context"][w]):
                 seen.update(range(s, e))
-        assert seen == set(range(len(record["context"])))
+                starts += [s] * m
+        assert seen == set(range(len(record["context"]))) and sorted(starts) == list(range(len(record["context"])))
+
+
+def test_a_piece_starts_answers_in_the_window_where_it_has_the_most_context():
+    spans = batching.windows(20, 8, 4)  # [0, 8), [4, 12), [8, 16), [12, 20)
+    owner = qa_data.best_windows(20, spans)
+    assert (
+        owner.tolist() == [0] * 6 + [1] * 4 + [2] * 4 + [3] * 6
+    )  # piece 5: 2 on its shorter side in [0, 8), 1 in [4, 12)
+    assert all(spans[w][0] <= p < spans[w][1] for p, w in enumerate(owner))
 
 
 def test_a_latin_answer_maps_to_whole_words(tokenizer_dir):
@@ -190,10 +200,12 @@ def hand_made(windows: list[tuple[int, list[int]]], width: int = 12):
         "example": np.asarray([q for q, _ in windows]),
         "piece_start": np.full((n, width), -1),
         "piece_end": np.full((n, width), -1),
+        "max_context": np.zeros((n, width), dtype=np.int8),
     }
     for w, (_, chars) in enumerate(windows):
         arrays["piece_start"][w, 3 : 3 + len(chars)] = chars
         arrays["piece_end"][w, 3 : 3 + len(chars)] = np.asarray(chars) + 1
+        arrays["max_context"][w, 3 : 3 + len(chars)] = 1
     return batching.EncodedSplit(arrays)
 
 
@@ -204,6 +216,8 @@ def test_decoding_picks_the_best_span_inside_the_context_across_windows():
     start[:, 1] = end[:, 1] = 50  # the question's pieces are never an answer
     start[0, 4], end[0, 3] = 5, 6  # an end before its start is no span
     start[1, 5], end[1, 7] = 4, 4  # window 2: characters 6..8
+    start[0, 8] = 9  # character 5 starts answers in window 2 only: alone here, it would score 9
+    encoded.arrays["max_context"][0, 8] = encoded.arrays["max_context"][1, 3] = 0
     start[0, 0] = end[0, 0] = 3  # [CLS]: no answer scores 6, below the best span's 8
     [answer] = qa_task.best_answers(start, end, encoded, [context], max_answer_length=30)
     assert (answer.text, answer.start, answer.end, answer.score) == ("678", 6, 9, 8.0)

@@ -217,13 +217,24 @@ def answer_pieces(context: _Context, start: int, end: int) -> tuple[int, int] | 
     return (first, last) if first <= last else None
 
 
+def best_windows(num_pieces: int, spans: list[tuple[int, int]]) -> np.ndarray:
+    """For each piece, the window in which it has the most context on its shorter side (the first such on ties),
+    as the original BERT's SQuAD code picks where an answer may start: a piece at a window's edge reads half a
+    sentence."""
+    pieces = np.arange(num_pieces)[:, None]
+    starts, ends = (np.asarray([s[i] for s in spans])[None, :] for i in (0, 1))
+    context = np.where((starts <= pieces) & (pieces < ends), np.minimum(pieces - starts, ends - 1 - pieces), -1)
+    return context.argmax(1) if num_pieces else np.zeros(0, np.int64)
+
+
 def encode_questions(
     split: QuestionSplit, tokenizer, max_seq_length: int, doc_stride: int, max_question_length: int
 ) -> EncodedSplit:
     """Every question's windows as fixed-width arrays: input_ids, token_type_ids (1 from the context on), length,
     start_position and end_position (the first gold answer's pieces when the window holds it whole, else 0, the
     [CLS]), example (the question's index), piece_start and piece_end (each context piece's characters in the
-    context, -1 elsewhere) and row (the window's index)."""
+    context, -1 elsewhere), max_context (1 where the window is the one in which that piece has the most context,
+    `best_windows`) and row (the window's index)."""
     contexts = _contexts(split, tokenizer)
     questions = [ids[:max_question_length] for _, ids in tokenizer.tokenize_batch(split.questions)]
     rows = []
@@ -242,8 +253,10 @@ def encode_questions(
             span = answer_pieces(context, start, start + len(text))
             if span is None:
                 raise DataError(f"{split.source}: question {split.ids[q]!r}: the answer {text!r} holds no token")
-        for a, b in windows(len(context.ids), budget, doc_stride):
-            rows.append((q, question, context, a, b, span))
+        spans = windows(len(context.ids), budget, doc_stride)
+        owner = best_windows(len(context.ids), spans)
+        for w, (a, b) in enumerate(spans):
+            rows.append((q, question, context, a, b, span, owner[a:b] == w))
     n = len(rows)
     arrays = {
         "input_ids": np.full((n, max_seq_length), tokenizer.pad_id, dtype=np.int32),
@@ -254,9 +267,10 @@ def encode_questions(
         "example": np.empty(n, dtype=np.int32),
         "piece_start": np.full((n, max_seq_length), -1, dtype=np.int32),
         "piece_end": np.full((n, max_seq_length), -1, dtype=np.int32),
+        "max_context": np.zeros((n, max_seq_length), dtype=np.int8),
         "row": np.arange(n, dtype=np.int64),
     }
-    for i, (q, question, context, a, b, span) in enumerate(rows):
+    for i, (q, question, context, a, b, span, owned) in enumerate(rows):
         offset = len(question) + 2  # the window's first piece, after [CLS] question [SEP]
         k = offset + b - a + 1
         arrays["input_ids"][i, :k] = [
@@ -271,6 +285,7 @@ def encode_questions(
         arrays["example"][i] = q
         arrays["piece_start"][i, offset : k - 1] = context.starts[a:b]
         arrays["piece_end"][i, offset : k - 1] = context.ends[a:b]
+        arrays["max_context"][i, offset : k - 1] = owned
         if span is not None and a <= span[0] and span[1] < b:
             arrays["start_position"][i] = offset + span[0] - a
             arrays["end_position"][i] = offset + span[1] - a

@@ -129,14 +129,15 @@ def best_answers(
     n_best: int = N_BEST,
 ) -> list[Answer]:
     """Each question's answer from its windows' start and end logits ([window, position]; positions past a
-    window's width are never inside the context)."""
+    window's width are never inside the context); an answer starts in the window where its first piece has the most
+    context (`qa_data.best_windows`), as in the original BERT's SQuAD code."""
     arrays = encoded.arrays
     width = min(start.shape[1], arrays["piece_start"].shape[1])
     start, end = start[:, :width].astype(np.float64), end[:, :width].astype(np.float64)
     inside = arrays["piece_start"][:, :width] >= 0
     windows = np.arange(len(start))[:, None]
     k = min(n_best, width)
-    s = np.where(inside, start, -np.inf)
+    s = np.where(inside & (arrays["max_context"][:, :width] > 0), start, -np.inf)
     e = np.where(inside, end, -np.inf)
     top_s = np.argsort(-s, axis=1, kind="stable")[:, :k]
     top_e = np.argsort(-e, axis=1, kind="stable")[:, :k]
