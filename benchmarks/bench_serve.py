@@ -10,10 +10,10 @@ loaded by transformers from that directory.
     python benchmarks/bench_serve.py                # 3 rounds of load; --quick: 1 short round
 
 Latency one request at a time (one text each; p50 and p99 of `--requests` requests a side), the sides taking turns
-request by request; throughput at saturation (`--clients` client threads, each sending one text per request on its
-own keep-alive connection, for `--seconds`), the sides taking turns round by round, the median of the rounds.
-Throughput is cross-checked against Little's law: clients over the mean latency the clients saw. The ratios read
-"ours is N times better": theirs' latency over ours, ours' throughput over theirs.
+request by request; throughput at saturation (`--clients` client threads, each sending `--texts-per-request` texts
+per request on its own keep-alive connection, for `--seconds`), the sides taking turns round by round, the median of
+the rounds. Throughput is cross-checked against Little's law: texts in flight over the mean latency the clients saw.
+The ratios read "ours is N times better": theirs' latency over ours, ours' throughput over theirs.
 """
 
 from __future__ import annotations
@@ -167,21 +167,23 @@ def latencies(port: int, routes: dict[str, str], token: str, texts: list[str], r
     return seconds
 
 
-def throughput(port: int, route: str, token: str, texts: list[str], clients: int, duration: float) -> dict:
-    """Texts per second with `clients` threads sending one text per request until `duration` ends."""
+def throughput(
+    port: int, route: str, token: str, texts: list[str], clients: int, duration: float, per_request: int
+) -> dict:
+    """Texts per second with `clients` threads sending `per_request` texts per request until `duration` ends."""
     done, latencies = [0] * clients, [[] for _ in range(clients)]
     start = time.perf_counter()
     stop_at = start + duration
 
     def work(i: int) -> None:
         client = Client(port, route, token)
-        n = i
+        n = i * per_request
         while time.perf_counter() < stop_at:
             began = time.perf_counter()
-            client.predict([texts[n % len(texts)]])
+            client.predict([texts[(n + k) % len(texts)] for k in range(per_request)])
             latencies[i].append(time.perf_counter() - began)
-            done[i] += 1
-            n += clients
+            done[i] += per_request
+            n += clients * per_request
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
     for thread in threads:
@@ -190,7 +192,7 @@ def throughput(port: int, route: str, token: str, texts: list[str], clients: int
         thread.join()
     elapsed = time.perf_counter() - start
     mean_latency = statistics.fmean([s for per_client in latencies for s in per_client])
-    return {"texts_per_s": sum(done) / elapsed, "littles_law_per_s": clients / mean_latency}
+    return {"texts_per_s": sum(done) / elapsed, "littles_law_per_s": clients * per_request / mean_latency}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -211,6 +213,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="of concurrent load per side, taking turns")
     parser.add_argument("--requests", type=int, default=300, help="a side, one at a time, for the latency")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients, for the throughput")
+    parser.add_argument("--texts-per-request", type=int, default=1, help="of the concurrent clients")
     parser.add_argument("--seconds", type=float, default=10.0, help="of concurrent load per side and round")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each side's replica")
     parser.add_argument("--max-batch-size", type=int, default=32)
@@ -273,11 +276,12 @@ def main() -> None:
         )
     for round_no in range(1, args.rounds + 1):
         for side, route in routes.items():
-            load = throughput(args.port, route, token, texts, args.clients, args.seconds)
+            load = throughput(args.port, route, token, texts, args.clients, args.seconds, args.texts_per_request)
             for name, value in load.items():
                 results[side].setdefault(name, []).append(value)
             print(
-                f"round {round_no} {side:>6}: {load['texts_per_s']:.1f} texts/s with {args.clients} clients "
+                f"round {round_no} {side:>6}: {load['texts_per_s']:.1f} texts/s with {args.clients} clients x "
+                f"{args.texts_per_request} text(s) "
                 f"(Little's law: {load['littles_law_per_s']:.1f})",
                 flush=True,
             )
