@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         "per node for reading)",
     )
     _add_verbose_flag(predict)
+    predict.add_argument(
+        "--backend",
+        choices=["torch", "onnx"],
+        default="torch",
+        help="torch: the model directory in PyTorch; onnx: an `albert-dist export` directory in onnxruntime (CPU)",
+    )
     predict.set_defaults(handler=_predict)
 
     serve = commands.add_parser(
@@ -263,6 +269,7 @@ def _predict(args: argparse.Namespace) -> int:
         precision=args.precision,
         device=args.device,
         num_actors=args.num_actors,
+        backend=args.backend,
     )
     print(f"wrote {rows} predictions to {args.output}")
     return 0

@@ -298,3 +298,43 @@ def test_long_texts_as_windows_and_their_mean(tmp_path):
     assert pieces[0] + pieces[1][4:] + pieces[2][4:] + pieces[3][4:] + pieces[4][8:] == tokenizer.encode(texts[1])
     means = batching.document_means(np.arange(12.0).reshape(6, 2), rows["document"])
     assert means.tolist() == [[0.0, 1.0], [6.0, 7.0]]
+
+
+def test_predict_reads_long_texts_as_the_model_was_trained_to(tmp_path):
+    """A model saved with a window overlap (`data.long_text: windows`) is told apart by what ends a long text; the
+    same weights saved without one truncate, and two texts that differ only past the cut get the same prediction."""
+    import torch
+
+    from albert_dist.finetune import inference
+    from albert_dist.finetune.predict import Predictor
+    from albert_dist.model import AlbertConfig, AlbertForSequenceClassification
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+    from albert_dist.tokenizer.training import train_wordpiece
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("一二三四五六七八九十北京上海\n" * 20, encoding="utf-8")
+    tokenizer = load_tokenizer(train_wordpiece(corpus, tmp_path / "tok", 100, progress=lambda _: None))
+    torch.manual_seed(0)
+    config = AlbertConfig(
+        vocab_size=tokenizer.vocab_size,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=2,
+        id2label={0: "a", 1: "b"},
+        label2id={"a": 0, "b": 1},
+        initializer_range=0.5,  # random weights that tell texts apart clearly
+    )
+    texts = ["一二三四五六七八九十" * 4 + "北京" * 5, "一二三四五六七八九十" * 4 + "上海" * 5]
+    probabilities = {}
+    for name, overlap in (("windows", 4), ("truncate", None)):
+        AlbertForSequenceClassification(config).save_pretrained(tmp_path / name)
+        tokenizer.save(tmp_path / name)
+        inference.save_reading(tmp_path / name, 16, overlap)
+        out = Predictor(tmp_path / name, "text", None, 8, "fp32")({"text": np.asarray(texts, dtype=object)})
+        probabilities[name] = out["prob_a"]
+    assert probabilities["truncate"][0] == pytest.approx(probabilities["truncate"][1], abs=1e-6)  # float noise
+    assert abs(probabilities["windows"][0] - probabilities["windows"][1]) > 2e-5

@@ -191,3 +191,69 @@ def test_a_ner_sweep_ranks_trials_by_entity_f1(workspace, ray_session):
     assert (
         best.finetune.task == "token_classification" and best.train.learning_rate == outcome.best["train.learning_rate"]
     )
+
+
+@pytest.mark.slow
+def test_predict_writes_entities_with_offsets_from_pytorch_and_from_the_onnx_export(ner, tmp_path):
+    """`albert-dist predict` on raw texts writes each text's entities (JSON, character offsets) as the pipeline-
+    equivalent `text_entities` finds them; the int8-free ONNX export (`albert-dist export`) predicted with
+    `--backend onnx` gives the same entities."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from albert_dist.cli import main
+
+    texts = [text for text, _ in sentences(30, seed=12)] + ["没有实体的句子。", ""]
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), tmp_path / "in.parquet")
+    model = AlbertForTokenClassification.from_pretrained(ner.model_dir)
+    expected = token_task.text_entities(model, load_tokenizer(ner.model_dir), texts, MAX_LENGTH, 8, precision="fp32")
+    assert sum(map(len, expected)) > 40  # the sentences hold entities, and the model finds them
+
+    out = tmp_path / "out.jsonl"
+    assert (
+        main(
+            [
+                "predict",
+                "--model",
+                str(ner.model_dir),
+                "--input",
+                str(tmp_path / "in.parquet"),
+                "--output",
+                str(out),
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [row["id"] for row in rows] == list(range(len(texts)))
+    written = [json.loads(row["entities"]) for row in rows]
+    assert [[(e["type"], e["start"], e["end"], e["text"]) for e in found] for found in written] == [
+        [(e["type"], e["start"], e["end"], e["text"]) for e in found] for found in expected
+    ]
+    assert all(texts[i][e["start"] : e["end"]] == e["text"] for i, found in enumerate(written) for e in found)
+
+    export = tmp_path / "onnx"
+    assert main(["export", "--model", str(ner.model_dir), "--output", str(export)]) == 0
+    onnx_out = tmp_path / "onnx.jsonl"
+    assert (
+        main(
+            [
+                "predict",
+                "--model",
+                str(export),
+                "--backend",
+                "onnx",
+                "--input",
+                str(tmp_path / "in.parquet"),
+                "--output",
+                str(onnx_out),
+            ]
+        )
+        == 0
+    )
+    from_onnx = [json.loads(json.loads(line)["entities"]) for line in onnx_out.read_text(encoding="utf-8").splitlines()]
+    assert [[(e["type"], e["start"], e["end"]) for e in found] for found in from_onnx] == [
+        [(e["type"], e["start"], e["end"]) for e in found] for found in written
+    ]

@@ -56,6 +56,15 @@ def saved_max_seq_length(model_dir: str | Path) -> int:
     return int(value) if isinstance(value, (int, float)) and 0 < value < 1e6 else FALLBACK_MAX_SEQ_LENGTH
 
 
+def eval_device(model) -> torch.device:
+    """Where `model` runs, in eval mode: a PyTorch module's device; the CPU for an export run by onnxruntime
+    (`model.onnx_runtime.OnnxModel`, called as the PyTorch heads are)."""
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+        return next(model.parameters()).device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
 def predict_logits(
     model: torch.nn.Module,
@@ -66,8 +75,7 @@ def predict_logits(
     """[N, num_labels] float32 logits, in batch order; the model is put in eval mode. `precision` as
     train.precision ("auto" resolves as in training); `on_batch` is told the rows of each batch once its logits
     are back on the CPU."""
-    model.eval()
-    device = next(model.parameters()).device
+    device = eval_device(model)
     precision = amp.resolve_precision(precision, device)
     outputs = []
     for batch in batches:

@@ -16,6 +16,7 @@ or not at all.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -29,7 +30,7 @@ import torch
 from albert_dist.console import ProgressLine, verbose
 from albert_dist.data import batching
 from albert_dist.errors import AlbertDistError, ConfigError, DataError
-from albert_dist.finetune import data, inference, predict_input
+from albert_dist.finetune import data, inference, predict_input, qa_task, token_task
 from albert_dist.model.checkpoint import load_config
 from albert_dist.storage import filesystem, publish_file
 from albert_dist.train.precision import resolve_precision
@@ -49,7 +50,13 @@ DEVICES = ("auto", "cpu", "cuda")
 
 class Predictor:
     """Model + tokenizer loaded once, on `device` (`local_device`; the CPU unless asked: a Ray worker given no GPU
-    still sees its node's); maps a batch of rows (column → array) to the rows plus their prediction columns."""
+    still sees its node's); maps a batch of rows (column → array) to the rows plus their prediction columns.
+
+    The head saved in the model's config.json decides what is predicted: a sentence classifier (or regressor) labels
+    and probabilities (a model fine-tuned with `data.long_text: windows` reads long texts as it was trained to, the
+    mean of their windows' logits); a token classifier each text's `entities`; a reader (question answering) the
+    `answer` to `text_column` (the question) in `text_pair_column` (the context). `backend="onnx"` runs an
+    `albert-dist export` directory with onnxruntime instead of PyTorch (CPU)."""
 
     def __init__(
         self,
@@ -60,25 +67,54 @@ class Predictor:
         precision: str = "auto",
         on_batch: Callable[[int], None] | None = None,
         device: str = "cpu",
+        backend: str = "torch",
     ):
-        from albert_dist.model import AlbertForSequenceClassification
         from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
         self.device = torch.device(local_device(device))
-        self.model = AlbertForSequenceClassification.from_pretrained(model_dir).to(self.device)
+        self.model = load_model(model_dir, backend, self.device)
+        self.head = head_of(self.model.config)
+        if self.head == QUESTION_HEAD and not text_pair_column:
+            raise ConfigError(f"{model_dir} answers questions: give the context column as --text-pair-column")
         self.tokenizer = load_tokenizer(model_dir)
         self.text_column, self.text_pair_column = text_column, text_pair_column
         self.batch_size, self.precision, self.on_batch = batch_size, precision, on_batch
         self.max_seq_length = min(inference.saved_max_seq_length(model_dir), self.model.config.max_position_embeddings)
+        self.overlap = inference.saved_window_overlap(model_dir)
 
     def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = ["" if v is None else str(v) for v in rows[self.text_column]]
         pairs = ["" if v is None else str(v) for v in rows[self.text_pair_column]] if self.text_pair_column else None
+        settings = {"batch_size": self.batch_size, "precision": self.precision, "on_batch": self.on_batch}
+        overlap = self.max_seq_length // 4 if self.overlap is None else self.overlap
+        if self.head == TOKEN_HEAD:
+            found = token_task.text_entities(
+                self.model, self.tokenizer, texts, self.max_seq_length, overlap, **settings
+            )
+            return {**rows, ENTITIES: np.asarray([json.dumps(e, ensure_ascii=False) for e in found], dtype=object)}
+        if self.head == QUESTION_HEAD:
+            answers = qa_task.answer_questions(
+                self.model,
+                self.tokenizer,
+                texts,
+                pairs,
+                self.max_seq_length,
+                overlap,
+                batch_size=self.batch_size,
+                precision=self.precision,
+            )
+            if self.on_batch:
+                self.on_batch(len(texts))
+            return {
+                **rows,
+                **{name: np.asarray([getattr(a, field) for a in answers]) for name, field in ANSWER.items()},
+            }
+        if self.overlap is not None and pairs is None:
+            arrays = batching.encode_windows(self.tokenizer, texts, self.max_seq_length, self.overlap)
+            logits = inference.split_logits(self.model, batching.EncodedSplit(arrays), **settings)
+            return {**rows, **self.columns(batching.document_means(logits, arrays["document"]))}
         encoded = batching.EncodedSplit(batching.encode_texts(self.tokenizer, texts, pairs, self.max_seq_length))
-        logits = inference.split_logits(
-            self.model, encoded, self.batch_size, precision=self.precision, on_batch=self.on_batch
-        )
-        return {**rows, **self.columns(logits)}
+        return {**rows, **self.columns(inference.split_logits(self.model, encoded, **settings))}
 
     def columns(self, logits: np.ndarray) -> dict[str, np.ndarray]:
         config = self.model.config
@@ -92,12 +128,58 @@ class Predictor:
         return out
 
 
+TOKEN_HEAD, QUESTION_HEAD, SEQUENCE_HEAD = "AlbertForTokenClassification", "AlbertForQuestionAnswering", "sequence"
+#: a token classifier's column: each text's entities as JSON, [{"type", "start", "end", "text", "score"}] with
+#: character offsets (end excluded), as transformers' token-classification pipeline gives them
+ENTITIES = "entities"
+#: a reader's columns, from its answers' fields: the answer's text, its character offsets in the context (end
+#: excluded; -1 for none) and its score
+ANSWER = {"answer": "text", "answer_start": "start", "answer_end": "end", "answer_score": "score"}
+BACKENDS = ("torch", "onnx")
+
+
+def head_of(config) -> str:
+    """What a model predicts, from config.json's architectures: TOKEN_HEAD, QUESTION_HEAD or SEQUENCE_HEAD."""
+    architecture = (config.architectures or [SEQUENCE_HEAD])[0]
+    return architecture if architecture in (TOKEN_HEAD, QUESTION_HEAD) else SEQUENCE_HEAD
+
+
+def load_model(model_dir: str | Path, backend: str, device: torch.device):
+    """The model of `model_dir` for inference: the PyTorch head its config names, or with `backend="onnx"` the
+    directory's `model.onnx` (an `albert-dist export`) in onnxruntime."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend}: use one of {', '.join(BACKENDS)}")
+    if backend == "onnx":
+        if device.type != "cpu":
+            raise ConfigError("--backend onnx runs on the CPU: use --device cpu")
+        from albert_dist.model.onnx_runtime import OnnxModel
+
+        return OnnxModel(model_dir, intra_op_num_threads=torch.get_num_threads())
+    from albert_dist.model import (
+        AlbertForQuestionAnswering,
+        AlbertForSequenceClassification,
+        AlbertForTokenClassification,
+    )
+
+    heads = {TOKEN_HEAD: AlbertForTokenClassification, QUESTION_HEAD: AlbertForQuestionAnswering}
+    return (
+        heads.get(head_of(load_config(model_dir)), AlbertForSequenceClassification)
+        .from_pretrained(model_dir)
+        .to(device)
+    )
+
+
 def is_regression(config) -> bool:
     return config.num_labels == 1 or config.problem_type == "regression"
 
 
 def output_columns(config) -> list[str]:
-    """The columns prediction adds, in the order `Predictor.columns` writes them."""
+    """The columns prediction adds, in the order `Predictor` writes them."""
+    head = head_of(config)
+    if head == TOKEN_HEAD:
+        return [ENTITIES]
+    if head == QUESTION_HEAD:
+        return list(ANSWER)
     if is_regression(config):
         return ["predicted_score"]
     return ["predicted_label"] + [f"prob_{config.id2label[i]}" for i in range(config.num_labels)]
@@ -165,11 +247,13 @@ def run_predict(
     device: str = "auto",
     num_actors: int | None = None,
     actor_threshold: int = ACTOR_THRESHOLD,
+    backend: str = "torch",
 ) -> int:
     """Predict every row of `input_path` (a path or a URI) into `output_path`; returns the number of rows written.
     Inputs of `actor_threshold` bytes or more go to a Ray actor pool of `num_actors` (default: `actor_pool`'s)."""
     output_kind = data.file_format(output_path)
     location = str(input_path)
+    device = "cpu" if backend == "onnx" and device == "auto" else device  # onnxruntime runs here on the CPU
     columns = TextColumns(text_column, text_pair_column, output_columns(load_config(model_dir)))
     predictor_args = (str(model_dir), text_column, text_pair_column, batch_size)
     size = _file_size(location)
@@ -179,10 +263,14 @@ def run_predict(
         on_device = local_device(device)
         resolve_precision(precision, torch.device(on_device))  # fp16 on a CPU is refused before the model loads
         progress = ProgressLine("predict", total=table.num_rows)
-        predictor = Predictor(*predictor_args, precision=precision, on_batch=progress.update, device=on_device)
+        predictor = Predictor(
+            *predictor_args, precision=precision, on_batch=progress.update, device=on_device, backend=backend
+        )
         blocks = (_with_predictions(predictor, chunk) for chunk in table.to_batches(_chunk_rows(batch_size)))
     else:
-        blocks, progress = _predicted_by_actors(location, size, columns, predictor_args, precision, device, num_actors)
+        blocks, progress = _predicted_by_actors(
+            location, size, columns, predictor_args, precision, device, num_actors, backend
+        )
     rows = 0
 
     def write(tmp: Path) -> None:
@@ -268,6 +356,7 @@ def _predicted_by_actors(
     precision: str,
     device: str,
     num_actors: int | None,
+    backend: str,
 ) -> tuple[Iterator[pa.Table], ProgressLine]:
     """The input streamed through Ray Data and a pool of predicting actors: the output blocks in input order, and
     the progress line they advance."""
@@ -295,7 +384,7 @@ def _predicted_by_actors(
         predicted = dataset.map_batches(
             _ActorPredictor,
             fn_constructor_args=predictor_args,
-            fn_constructor_kwargs={"precision": precision, "device": pool.device},
+            fn_constructor_kwargs={"precision": precision, "device": pool.device, "backend": backend},
             compute=ray.data.ActorPoolStrategy(size=pool.size),
             num_cpus=pool.num_cpus,
             num_gpus=pool.num_gpus,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from albert_dist.data import batching
-from albert_dist.finetune import entities, token_data
+from albert_dist.finetune import entities, inference, token_data
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask
 from albert_dist.model import IGNORE_INDEX, AlbertForTokenClassification
 from albert_dist.storage import fetch_dir
@@ -104,8 +104,7 @@ def word_predictions(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every scored word's predicted tag id and its probability, indexed by `word_index`, from windows run in
     batches of similar length."""
-    model.eval()
-    device = next(model.parameters()).device
+    device = inference.eval_device(model)
     precision = amp.resolve_precision(precision, device)
     words = encoded.arrays["word_index"]
     size = int(words.max()) + 1 if words.size else 0
