@@ -166,3 +166,35 @@ def test_a_qa_teacher_distills_per_position(qa, workspace, tmp_path):
     assert m["student_dev_f1"] > 0.6 and "eval_kd_loss" in m and "student_dev_exact_match" in m, m
     config = json.loads((outcome.model_dir / "config.json").read_text())
     assert config["architectures"] == ["AlbertForQuestionAnswering"] and config["num_hidden_layers"] == 1
+
+
+@pytest.mark.slow
+def test_a_qa_sweep_ranks_trials_by_answer_f1(workspace, ray_session):
+    from albert_dist.config import load_config, validate_config
+    from albert_dist.tune.config import FinetuneTuneConfig
+    from albert_dist.tune.sweep import run_sweep
+
+    job = qa_config(workspace).model_dump(mode="json")
+    job["finetune"]["epochs"] = 2
+    job["scaling"] = {"num_workers": 1, "cpus_per_worker": 0.5}
+    cfg = validate_config(
+        FinetuneTuneConfig,
+        {
+            "job": job,
+            "run": {"name": "qa-sweep", "output_dir": str(workspace / "sweeps")},
+            "search_space": {"train.learning_rate": {"choice": [1e-5, 3e-3]}},
+            "num_samples": 2,
+            "max_concurrent_trials": 2,
+            "resources_per_trial": {"num_workers": 1, "cpu": 0.5},
+            "search_alg": "random",
+            "scheduler": {"kind": "none"},
+        },
+    )
+    assert cfg.tune_metric == "eval_f1" and cfg.tune_mode == "max"  # question answering's default
+    outcome = run_sweep(cfg)
+    assert len(outcome.rows) == 2 and all(row["eval_f1"] is not None for row in outcome.rows)
+    assert outcome.best["eval_f1"] == max(row["eval_f1"] for row in outcome.rows)
+    best = load_config(FinetuneJobConfig, outcome.best_config)
+    assert (
+        best.finetune.task == "question_answering" and best.train.learning_rate == outcome.best["train.learning_rate"]
+    )
