@@ -189,10 +189,11 @@ def test_transformers_reads_the_exports_config_and_tokenizer(classifier):
     config = transformers.AutoConfig.from_pretrained(exported)
     assert config.architectures == ["AlbertForSequenceClassification"] and config.num_labels == 3
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
-    texts = ["the socket returns a value", "a parser"]
-    ours = load_tokenizer(source).batch_encode(texts, return_tensors="pt")
-    theirs = hf_tokenizer(texts, padding=True, return_tensors="np")
-    assert theirs["input_ids"].tolist() == ours["input_ids"].tolist()
+    texts, pairs = ["the socket returns a value", "a parser"], ["of the list", "when an error is raised in this module"]
+    ours = load_tokenizer(source).batch_encode(texts, pairs, return_tensors="pt")
+    theirs = hf_tokenizer(texts, pairs, padding=True, return_token_type_ids=True, return_tensors="np")
+    for name in ("input_ids", "token_type_ids", "attention_mask"):
+        assert theirs[name].tolist() == ours[name].tolist(), name
     model = modeling.AlbertForSequenceClassification.from_pretrained(source)
     with torch.no_grad():
         expected = model(**ours).logits
