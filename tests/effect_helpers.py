@@ -45,13 +45,15 @@ def other_value(field, value: Any) -> Any:
     return None
 
 
-def keys_without_effect(plan, cfg: BaseModel, alternatives: dict[str, Any], output_only: dict[str, str]) -> list[str]:
-    """The keys of `cfg` whose other value leaves `plan(cfg).resolved()` as it is (or that have no other value),
-    each with why."""
+def keys_without_effect(
+    plan, cfg: BaseModel, alternatives: dict[str, Any], output_only: dict[str, str], only: set[str] | None = None
+) -> list[str]:
+    """The keys of `cfg` (those in `only`, when given) whose other value leaves `plan(cfg).resolved()` as it is (or
+    that have no other value), each with why."""
     base = plan(cfg).resolved()
     problems = []
     for key, field in leaf_keys(type(cfg)):
-        if key in output_only:
+        if key in output_only or (only is not None and key not in only):
             continue
         value = cfg
         for part in key.split("."):

@@ -11,6 +11,7 @@ change a plan are listed in `OUTPUT_ONLY`, each with why.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,19 +19,33 @@ from typing import Any
 import pytest
 from effect_helpers import Together, keys_without_effect, leaf_keys
 from finetune_helpers import pair_rows, tiny_model_dir, write_csv
+from ner_helpers import passages
 from pydantic import Field
+from qa_helpers import questions, write_squad
 
 from albert_dist.config import load_config
 from albert_dist.data.config import DataJobConfig
 from albert_dist.errors import ConfigError
+from albert_dist.finetune import entities
 
+# keys that only token classification or reading comprehension reads: each is checked on a plan of its own task
+# (test_every_key_of_token_classification_and_reading_changes_its_plan), not on the sentence classifier's
+OTHER_TASKS = {
+    "data.tokens_column": "token classification",
+    "data.tags_column": "token classification",
+    "data.doc_stride": "token classification (and long texts as windows)",
+    "data.max_question_length": "reading comprehension",
+    "data.max_answer_length": "reading comprehension",
+    "data.language": "reading comprehension",
+}
 OUTPUT_ONLY = {
     "pretrain": {},
     "finetune": {
         "data.format": "the files' own format: auto reads each by its extension, another "
         "format on the same file is an error, not another plan",
+        **OTHER_TASKS,
     },
-    "distill": {"data.format": "as fine-tuning's"},
+    "distill": {"data.format": "as fine-tuning's", **OTHER_TASKS},
 }
 
 
@@ -65,6 +80,15 @@ def inputs(tmp_path_factory, stdlib_corpus):
     write_csv(root / "other_train.csv", rows[::-1][:100])
     write_csv(root / "dev.csv", rows[:40])
     write_csv(root / "test.csv", rows[40:80])
+    tagged = [  # sentences past the 32-piece length, so that the windows' overlap matters
+        {"tokens": list(text), "words": list(text[::-1]), "tags": tags, "labels": tags[::-1]}
+        for text, spans in passages(40, seed=2, most=3)
+        for tags in [entities.tags_from_spans(len(text), spans)]
+    ]
+    (root / "tagged.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in tagged), encoding="utf-8"
+    )
+    write_squad(root / "reading.json", questions(40, seed=3))
     return root
 
 
@@ -171,6 +195,7 @@ def task_alternatives(root: Path) -> dict[str, Any]:
         "data.label_column": "label2",
         "data.labels": ["yes", "no"],
         "data.max_seq_length": 48,
+        "data.drop_labels": ["yes"],
         "finetune.lr_scales": {"head": 2.0},
         "finetune.metric": "f1",
         "finetune.early_stopping_patience": 2,
@@ -205,6 +230,33 @@ def test_every_finetuning_key_changes_the_plan(inputs):
         "finetune.task": Together({"finetune.task": "regression", "data.label_column": "score"}),
     }
     assert keys_without_effect(FINETUNE.plan, cfg, alternatives, OUTPUT_ONLY["finetune"]) == []
+
+
+def test_every_key_of_token_classification_and_reading_changes_its_plan(inputs):
+    """The keys only NER or reading comprehension reads, each on a plan of its own task."""
+    from albert_dist.finetune.config import FinetuneJobConfig
+    from albert_dist.finetune.job import FINETUNE
+
+    model = {"init_from": str(inputs / "model")}
+    tagging = task_config(
+        FinetuneJobConfig,
+        inputs,
+        model=model,
+        data={"train": str(inputs / "tagged.jsonl"), "max_seq_length": 32},
+        finetune={"task": "token_classification"},
+    )
+    alternatives = {"data.tokens_column": "words", "data.tags_column": "labels", "data.doc_stride": 3}
+    keys = {"data.tokens_column", "data.tags_column", "data.doc_stride"}
+    assert keys_without_effect(FINETUNE.plan, tagging, alternatives, {}, only=keys) == []
+    reading = task_config(
+        FinetuneJobConfig,
+        inputs,
+        model=model,
+        data={"train": str(inputs / "reading.json"), "max_seq_length": 64},
+        finetune={"task": "question_answering"},
+    )
+    alternatives = {"data.max_question_length": 2, "data.max_answer_length": 5, "data.language": "en"}
+    assert keys_without_effect(FINETUNE.plan, reading, alternatives, {}, only=set(alternatives)) == []
 
 
 def test_every_distillation_key_changes_the_plan(inputs):
