@@ -6,9 +6,8 @@ embeddings' length check becomes a bound instead of a constant of the trace), an
 exact (max abs diff ~1e-7). The TorchScript exporter (`dynamo=False`) gives the same numbers but is deprecated here,
 and freezes that length check at the sample's length with a TracerWarning.
 
-From opset 23 on, SDPA is written as ONNX's own `Attention` operator: one kernel in onnxruntime instead of matmuls,
-softmax and two `Where`s over a [B, heads, T, T] tensor (lower opsets), about 1.4× the int8 model's speed on our CPU
-(benchmarks/README.md, bench_onnx).
+From opset 23 on, SDPA is written as ONNX's own `Attention` operator: one kernel in onnxruntime (1.23 and newer)
+instead of the matmuls, softmax and two `Where`s over a [B, heads, T, T] tensor that lower opsets write.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from onnx_ir.passes.common import ClearMetadataAndDocStringPass
 from torch import nn
 
 from albert_dist.errors import ConfigError
@@ -116,8 +116,7 @@ def to_onnx(model: nn.Module, outputs: tuple[str, ...], path: Path, opset: int =
             verbose=False,
         )
     # The tracer's notes on every node (stack traces naming this machine's paths, module names) do not ship.
-    for node in program.model.graph.all_nodes():
-        node.metadata_props.clear()
+    ClearMetadataAndDocStringPass()(program.model)
     program.save(str(path))
 
 
