@@ -257,3 +257,21 @@ def test_predict_writes_entities_with_offsets_from_pytorch_and_from_the_onnx_exp
     assert [[(e["type"], e["start"], e["end"]) for e in found] for found in from_onnx] == [
         [(e["type"], e["start"], e["end"]) for e in found] for found in written
     ]
+
+
+@pytest.mark.slow
+def test_the_runs_mlflow_model_predicts_the_entities(ner, monkeypatch):
+    import mlflow.pyfunc
+    import pandas as pd
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", ner.tracking_uri)  # where `models:/` URIs resolve
+    client = MlflowClient(tracking_uri=ner.tracking_uri)
+    experiment = client.get_run(ner.run_id).info.experiment_id
+    [logged] = client.search_logged_models([experiment], filter_string=f"source_run_id = '{ner.run_id}'")
+    texts = [text for text, _ in sentences(8, seed=13)]
+    predicted = mlflow.pyfunc.load_model(f"models:/{logged.model_id}").predict(pd.DataFrame({"text": texts}))
+    model = AlbertForTokenClassification.from_pretrained(ner.model_dir)
+    expected = token_task.text_entities(model, load_tokenizer(ner.model_dir), texts, MAX_LENGTH, 8)
+    assert [[(e["type"], e["start"], e["end"]) for e in json.loads(found)] for found in predicted["entities"]] == [
+        [(e["type"], e["start"], e["end"]) for e in found] for found in expected
+    ]

@@ -231,10 +231,13 @@ def model_class(task: str) -> type:
 
 
 def classifier_model(cfg):
-    """The MLflow model of a classifier trained by the job `cfg` (fine-tuning or distillation)."""
+    """The MLflow model of a model trained by the job `cfg` (fine-tuning or distillation): it predicts through
+    `albert-dist predict`'s Predictor, from `text` and, for pair tasks and readers (the question's context),
+    `text_pair`."""
     from albert_dist.finetune.mlflow_model import SequenceClassifierModel
 
-    return SequenceClassifierModel(pair=cfg.data.text_pair_column is not None)
+    reads_pairs = cfg.data.text_pair_column is not None or cfg.finetune.task_kind == "question_answering"
+    return SequenceClassifierModel(pair=reads_pairs)
 
 
 def classification_spec(
