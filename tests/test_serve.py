@@ -153,9 +153,13 @@ def server(stdlib_corpus, tmp_path_factory):
     announced = next(line for line in output if line.startswith("serving "))
     token_file = Path(re.search(r"the token in (\S+) ", announced).group(1))
     yield Server(process, f"http://127.0.0.1:{port}/", port, token_file.read_text(), token_file, model_dir, output)
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    if process.poll() is None:  # the Ctrl-C test did not run or failed: stop it as it stops, else kill it
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 @pytest.mark.slow
