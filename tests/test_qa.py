@@ -198,3 +198,38 @@ def test_a_qa_sweep_ranks_trials_by_answer_f1(workspace, ray_session):
     assert (
         best.finetune.task == "question_answering" and best.train.learning_rate == outcome.best["train.learning_rate"]
     )
+
+
+@pytest.mark.slow
+def test_predict_answers_questions_from_pytorch_and_from_the_onnx_export(qa, tmp_path):
+    """`albert-dist predict` with the question as --text-column and the context as --text-pair-column writes the
+    answers `answer_questions` gives, with their offsets in the context; the ONNX export answers the same."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from albert_dist.cli import main
+
+    records = questions(20, seed=21)
+    asked = [r["question"] for r in records]
+    contexts = [r["context"] for r in records]
+    pq.write_table(pa.table({"q": asked, "passage": contexts}), tmp_path / "in.parquet")
+    model = AlbertForQuestionAnswering.from_pretrained(qa.model_dir)
+    expected = qa_task.answer_questions(model, load_tokenizer(qa.model_dir), asked, contexts, MAX_LENGTH, STRIDE)
+    columns = ["--text-column", "q", "--text-pair-column", "passage", "--input", str(tmp_path / "in.parquet")]
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", "--model", str(qa.model_dir), "--output", str(out), "--precision", "fp32", *columns]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [(r["answer"], r["answer_start"], r["answer_end"]) for r in rows] == [
+        (a.text, a.start, a.end) for a in expected
+    ]
+    assert all(r["passage"][r["answer_start"] : r["answer_end"]] == r["answer"] for r in rows)
+    assert sum(r["answer"] == rec["answers"][0][0] for r, rec in zip(rows, records)) >= 10  # it reads, too
+
+    export = tmp_path / "onnx"
+    assert main(["export", "--model", str(qa.model_dir), "--output", str(export)]) == 0
+    onnx_out = tmp_path / "onnx.jsonl"
+    assert main(["predict", "--model", str(export), "--backend", "onnx", "--output", str(onnx_out), *columns]) == 0
+    from_onnx = [json.loads(line) for line in onnx_out.read_text(encoding="utf-8").splitlines()]
+    assert [(r["answer_start"], r["answer_end"]) for r in from_onnx] == [
+        (r["answer_start"], r["answer_end"]) for r in rows
+    ]

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from albert_dist.data import batching
-from albert_dist.finetune import qa_data, qa_metrics
+from albert_dist.finetune import inference, qa_data, qa_metrics
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask, global_batches
 from albert_dist.model import AlbertForQuestionAnswering
 from albert_dist.storage import fetch_dir
@@ -172,8 +172,7 @@ def window_logits(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Start and end logits of every window ([window, max_seq_length], 0 past its batch's width), from windows run
     in batches of similar length."""
-    model.eval()
-    device = next(model.parameters()).device
+    device = inference.eval_device(model)
     precision = amp.resolve_precision(precision, device)
     shape = encoded.arrays["input_ids"].shape
     start, end = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
