@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict = commands.add_parser(
         "predict",
         help="batch inference with a fine-tuned or distilled model",
-        description="Inputs under 32 MiB are predicted in this process; larger ones are streamed through Ray Data "
+        description="Inputs under 1 MiB are predicted in this process; larger ones are streamed through Ray Data "
         "to a pool of actors (Ray started on 127.0.0.1 with a token, or $RAY_ADDRESS joined) and written in input "
         "order as they come, so no process holds the whole input.",
     )

@@ -1,9 +1,9 @@
 """`albert-dist predict`: labels and probabilities (or regression scores) for every row of a table.
 
 An input under `ACTOR_THRESHOLD` bytes is read whole and predicted in this process. A larger one is streamed: Ray
-Data reads it in blocks (`BLOCK_BYTES` of text at a time, Parquet by row group), a pool of actors predicts them,
-each loading the model and tokenizer once, and the driver writes the blocks out in input order as they come, so
-neither the driver nor Ray's object store ever holds the whole input. Ray is started, or joined, as every command
+tasks read it in ranges (`predict_input`), a pool of actors predicts them, each loading the model and tokenizer
+once, and the driver writes the blocks out in input order as they come, so neither the driver nor Ray's object
+store ever holds the whole input. Ray is started, or joined, as every command
 does (`cluster.ray_init.ensure_ray`: 127.0.0.1, a token made for the run). Both paths print a progress line (rows,
 rows/s, share, ETA) at most every 10 s and once at the end.
 
@@ -37,10 +37,10 @@ from albert_dist.train.precision import resolve_precision
 
 #: inputs of this many bytes or more are streamed through Ray's actor pool; smaller ones are read whole and predicted
 #: here. A file's size costs one stat (a HEAD request in object storage), where its row count would cost reading it.
-#: Read whole, an input takes about 3 times its size in memory (bytes, table, one chunk's token arrays), ~100 MB
-#: here; streamed, it pays Ray's start and each actor's model load, 15-20 s on 2 cores
-#: (benchmarks/README.md#predict).
-ACTOR_THRESHOLD = 32 << 20
+#: Streaming pays Ray's start and the actors' model loads, ~30 s more than in process for 100-200 rows on 2 loaded
+#: cores, and then ran 2.3-2.5x the rows/s of one process there (benchmarks/README.md#bench_predict): below about
+#: 1 MiB (3,000 lines of 350 bytes) that start is most of the run, above it the pool wins it back.
+ACTOR_THRESHOLD = 1 << 20
 #: the most bytes of rows one actor call takes
 CHUNK_BYTES = 4 << 20
 #: CPUs a read task asks for: reading and parsing is light next to inference
