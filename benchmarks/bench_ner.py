@@ -143,6 +143,24 @@ def initial_model(corpus: Path, work: Path, vocab_size: int, seed: int) -> Path:
     return model_dir
 
 
+def classifier_from(pretrained: Path, work: Path, seed: int) -> Path:
+    """A pretrained encoder with a seeded new tag classifier, saved with its tokenizer: one set of initial weights
+    that both sides load."""
+    import torch
+
+    from albert_dist.model import AlbertForTokenClassification
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+
+    model_dir = work / "init-pretrained"
+    torch.manual_seed(seed)
+    model = AlbertForTokenClassification.from_pretrained(
+        pretrained, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)), label2id=_label2id()
+    )
+    model.save_pretrained(model_dir)
+    load_tokenizer(pretrained).save(model_dir)
+    return model_dir
+
+
 def _label2id() -> dict[str, int]:
     return {name: i for i, name in enumerate(LABELS)}
 
@@ -155,6 +173,7 @@ def ours_command(args, init_from: Path, data: dict, out: Path, name: str) -> lis
         "data.dev": data["dev"],
         "data.labels": "[" + ",".join(LABELS) + "]",
         "data.max_seq_length": args.max_seq_length,
+        "data.group_by_length": str(args.group_by_length).lower(),
         "finetune.task": "token_classification",
         "finetune.epochs": args.epochs,
         "finetune.warmup_ratio": args.warmup_ratio,
@@ -266,7 +285,7 @@ def hf_side(args) -> None:
 
     torch.set_num_threads(args.threads)
     work = Path(args.work)
-    model_dir = work / "init-model"
+    model_dir = Path(args.model_dir)
     tokenizer = BertTokenizerFast(vocab_file=str(model_dir / "vocab.txt"), do_lower_case=True)
     train = encode_run_ner(tokenizer, read_conll(work / "train.conll"), args.max_seq_length)
     dev_sentences = read_conll(work / "dev.conll")
@@ -328,9 +347,10 @@ def hf_side(args) -> None:
     )
 
 
-def run_hf(args, work: Path, name: str, env) -> tuple[dict[str, float], Path]:
+def run_hf(args, init_from: Path, work: Path, name: str, env) -> tuple[dict[str, float], Path]:
     log = work / f"hf-{name}.log"
     command = [sys.executable, str(Path(__file__).resolve()), "--side", "hf", "--work", str(work), "--name", name]
+    command += ["--model-dir", str(init_from)]
     command += [f"--{k.replace('_', '-')}={v}" for k, v in sorted(vars(args).items()) if k in SHARED]
     launched, wall = timed(command, log, env)
     return with_phases(launched, wall, json.loads(log.read_text().strip().splitlines()[-1])), work / f"hf-{name}/model"
@@ -602,6 +622,11 @@ def main() -> None:
         default=None,
         help="the first msra_train sentences in the vocab's and pretraining's corpus (default all 50,289; 5,000 with --quick)",
     )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        help="part 1 from this pretrained model (its vocab, a new seeded classifier) instead of a random init",
+    )
     parser.add_argument("--skip-pretrain", action="store_true", help="parts 1 and 2 only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: 320 train, 100 dev sentences, 1 epoch")
@@ -625,13 +650,18 @@ def main() -> None:
     missing = [m for m in ("transformers", "accelerate", "seqeval") if importlib.util.find_spec(m) is None]
     if missing:
         raise SystemExit(f"{', '.join(missing)} not installed: pip install -e .[bench,dev]")
-    work = (
-        args.cache_dir
-        / f"train{args.train_rows}-dev{args.dev_rows}-corpus{args.corpus_sentences or 'all'}-seed{args.seed}"
+    work = args.cache_dir / (
+        f"train{args.train_rows}-dev{args.dev_rows}-corpus{args.corpus_sentences or 'all'}-seed{args.seed}"
+        f"{'-from-' + args.init_from.parent.parent.name if args.init_from else ''}"
+        f"{'' if args.group_by_length else '-random-batches'}"
     )
     work.mkdir(parents=True, exist_ok=True)
     data = write_data(msra(args.cache_dir), work, args.train_rows, args.dev_rows, args.corpus_sentences, args.seed)
-    init = initial_model(data["corpus"], work, args.vocab_size, args.seed)
+    init = (
+        classifier_from(args.init_from, work, args.seed)
+        if args.init_from
+        else initial_model(data["corpus"], work, args.vocab_size, args.seed)
+    )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # ours starts its own local Ray
     env.update(
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
@@ -651,7 +681,7 @@ def main() -> None:
     results, exports = [], []
     for round_no in range(1, args.rounds + 1):
         ours, ours_dir = run_ours(args, init, data, work, f"ours-round{round_no}", env)
-        hf, hf_dir = run_hf(args, work, f"round{round_no}", env)
+        hf, hf_dir = run_hf(args, init, work, f"round{round_no}", env)
         for side, model_dir in (("ours", ours_dir), ("hf", hf_dir)):
             scored = meter(model_dir, data["dev_sentences"], args.max_seq_length)
             (ours if side == "ours" else hf).update(
