@@ -497,3 +497,17 @@ def fetch_dir(location: str | Path) -> Path:
         if not (local / name).is_file() or sha256_file(local / name) != digest:
             raise CheckpointError(f"{location}: {name} does not match what was published (changed or cut off)")
     return local
+
+
+def private_file(text: str, prefix: str) -> Path:
+    """`text` in a new file of a new directory, both this user's alone (0700, 0600), removed when the process exits:
+    how a command hands over a token it made without printing it."""
+    import atexit
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))  # mode 700
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / "token"
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
+    return path

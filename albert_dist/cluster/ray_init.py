@@ -7,7 +7,6 @@ it (CVE-2023-48022).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib.abc
 import importlib.util
@@ -15,17 +14,15 @@ import ipaddress
 import json
 import os
 import secrets
-import shutil
 import socket
 import sys
-import tempfile
 import urllib.parse
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from albert_dist.console import quiet_ray
+from albert_dist.storage import private_file
 
 # Ray Train 2.60 sends a worker's print both to Ray's stdout wrapper and to its logger, so every progress line
 # would reach the console twice; with the redirection off it reaches it once, through Ray's usual log forwarding.
@@ -85,7 +82,7 @@ def start_local_ray(**init_kwargs: Any):
     import ray
     from ray._raylet import AuthenticationTokenLoader, Config
 
-    token_path = _new_token_file()
+    token_path = private_file(secrets.token_urlsafe(32), "albert-ray-auth-")
     os.environ.pop("RAY_AUTH_TOKEN", None)
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path))
     # Ray reads its auth mode and token once per process: make it read them again (as its own default-auth
@@ -216,15 +213,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-def _new_token_file() -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="albert-ray-auth-"))  # mode 700
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    path = folder / "token"
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(secrets.token_urlsafe(32))
-    return path
 
 
 @contextlib.contextmanager

@@ -4,14 +4,13 @@ process that made it (Ray keeps a deployment's arguments in its control store)."
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import hmac
 import os
 import secrets
-import shutil
-import tempfile
 from pathlib import Path
+
+from albert_dist.storage import private_file
 
 TOKEN_ENV = "ALBERT_DIST_SERVE_TOKEN"
 
@@ -32,15 +31,4 @@ def serving_token() -> tuple[str, Path | None]:
     if given:
         return given, None
     token = secrets.token_urlsafe(32)
-    return token, _private_file(token)
-
-
-def _private_file(text: str) -> Path:
-    """`text` in a new file of a new directory, both this user's alone (0700, 0600), removed when the process
-    exits."""
-    folder = Path(tempfile.mkdtemp(prefix="albert-serve-"))  # mode 700
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    path = folder / "token"
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(text)
-    return path
+    return token, private_file(token, "albert-serve-")
