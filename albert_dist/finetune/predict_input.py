@@ -1,18 +1,19 @@
 """`albert-dist predict`'s large inputs: a CSV, TSV, JSONL or Parquet file (a path or a URI) as a Ray dataset read in
 ranges, so that no process ever holds the whole file.
 
-The driver looks at the file's first rows (`look`: its columns and their types, its bytes per row) and cuts it into
-ranges of about `RANGE_BYTES`, each starting at a line (Parquet: at a row group). Every range is one Ray task that
-finds its first and last line, reads and parses them alone with the first rows' columns and types, so that all
-blocks share one schema; Ray Data starts the next range's task once its memory budget allows, which bounds what is
-in flight (on an 80 MB object store and a 121 MB file, 4 MiB ranges peaked at 32 MiB and spilled nothing; 16 MiB ones
-spilled 147 MB). (Ray Data's own
-readers read a file in one task and do not hold it back: a 121 MB file went through an 80 MB object store with 115
-MB of it spilled to disk; its JSONL reader takes no filesystem, and none of them checks the encoding.)
+The driver looks at the file's first rows (`look`: its columns and their types, its bytes per row) and splits it
+into ranges of `RANGE_BYTES` (Parquet: of row groups). Each range is one Ray task, which reads the lines that start
+in it (from the first line start at or after its start to the first at or after its end) and parses them alone with
+the first rows' columns and types, so that every block has one schema. Ray Data starts the next range's task once
+its memory budget allows, which bounds what is in flight: through an 80 MB object store, a 121 MB file in 4 MiB
+ranges peaked at 32 MiB and spilled nothing (16 MiB ranges spilled 147 MB). Ray Data's own readers read a file in
+one task, which it does not hold back (the same file: 115 MB spilled); its JSONL reader takes no filesystem, and
+none of them checks the encoding.
 
-Lines end at b"\\n": a cut there never splits a UTF-8 character, and pyarrow reads no line ends inside quoted CSV
-values (`ParseOptions.newlines_in_values` is off, as `finetune.data.read_table` reads). Each range's bytes are checked
-for UTF-8, and an error names the file's line, as `read_table`'s does.
+Lines end at b"\\n", which never falls inside a UTF-8 character; a quoted CSV value holding a line end would be cut
+at it, so a large CSV must hold none (pyarrow's reader assumes the same at its block boundaries unless
+`newlines_in_values` is set). Each range's bytes are checked for UTF-8, and an error names the file's line, as
+`finetune.data.read_table`'s does.
 """
 
 from __future__ import annotations
