@@ -62,6 +62,21 @@ def user_error(err: BaseException) -> AlbertDistError | None:
     return None
 
 
+def raised_in_a_task(err: BaseException) -> AlbertDistError | None:
+    """The `AlbertDistError` a Ray task or actor raised, unwrapped from Ray's error layers (whose messages carry the
+    task's traceback; Ray's subclass of our class is one of those layers), so the CLI prints its one line."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, AlbertDistError) and type(cause).__module__.startswith("albert_dist"):
+            return cause
+        if isinstance(err, AlbertDistError) and type(err).__module__.startswith("albert_dist"):
+            return err
+        err = cause if isinstance(cause, BaseException) else err.__cause__
+    return None
+
+
 def is_disk_full(err: BaseException) -> bool:
     """ENOSPC or EDQUOT, also where a writer reports it only in its message (pyarrow, safetensors)."""
     return (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left on device" in str(

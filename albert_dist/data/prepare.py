@@ -39,7 +39,7 @@ from albert_dist.data.process import (
 )
 from albert_dist.data.ranges import FileRange, auto_range_bytes, plan_ranges, read_documents
 from albert_dist.data.readers import resolve_inputs
-from albert_dist.errors import AlbertDistError, DataError, disk_full_errors
+from albert_dist.errors import DataError, disk_full_errors, raised_in_a_task
 from albert_dist.job_registry import Command
 from albert_dist.storage import (
     check_replaceable,
@@ -361,21 +361,6 @@ def _write_shards(
     return {name: {"rows": w.rows, "shards": w.shards} for name, w in writers.items()}
 
 
-def _user_error(err: BaseException) -> AlbertDistError | None:
-    """The `AlbertDistError` a Ray task raised, unwrapped from Ray's error layers (whose messages carry
-    tracebacks), so the CLI prints its one-line message."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        cause = getattr(err, "cause", None)
-        if isinstance(cause, AlbertDistError):
-            return cause
-        if isinstance(err, AlbertDistError) and type(err).__module__.startswith("albert_dist"):
-            return err
-        err = cause if isinstance(cause, BaseException) else err.__cause__
-    return None
-
-
 def _write_manifest(stage: Path, cfg: DataJobConfig, tokenizer, splits: dict, summary: dict, files: list[str]) -> None:
     vocab_file = next(p for p in (stage / "tokenizer" / n for n in ("spiece.model", "vocab.txt")) if p.exists())
     manifest = {
@@ -438,7 +423,7 @@ def _execution_context(progress_bars: bool):
     try:
         yield
     except Exception as err:  # noqa: BLE001 - any stage's task error, unwrapped when it carries ours
-        cause = _user_error(err)
+        cause = raised_in_a_task(err)
         if cause is not None and cause is not err:
             raise cause from None
         raise

@@ -29,7 +29,7 @@ import torch
 
 from albert_dist.console import ProgressLine, verbose
 from albert_dist.data import batching
-from albert_dist.errors import AlbertDistError, ConfigError, DataError
+from albert_dist.errors import ConfigError, DataError, raised_in_a_task
 from albert_dist.finetune import data, inference, predict_input, qa_task, token_task
 from albert_dist.model.checkpoint import load_config
 from albert_dist.storage import filesystem, publish_file
@@ -402,22 +402,13 @@ def _predicted_by_actors(
                 progress.update(block.num_rows, done)
                 yield block
         except Exception as err:
-            ours = _user_error(err)
+            ours = raised_in_a_task(err)
             if ours is None:
                 raise
             raise ours from None
 
     print(f"predict: {location} streamed to {pool.size} actor(s) on {pool.device}", flush=True)
     return blocks(), progress
-
-
-def _user_error(err: BaseException) -> AlbertDistError | None:
-    """Our error inside Ray's layers of task errors (a read task's, an actor's), for the CLI's one line."""
-    while err is not None:
-        if isinstance(err, AlbertDistError) and type(err).__module__.startswith("albert_dist"):
-            return err  # not Ray's subclass of it, whose message carries the task's traceback
-        err = getattr(err, "cause", None) or err.__cause__
-    return None
 
 
 def _write_tables(tables: Iterator[pa.Table], path: Path, kind: str) -> int:
