@@ -277,7 +277,7 @@ def hf_side(args) -> None:
     import torch
     from transformers import (
         AlbertForTokenClassification,
-        BertTokenizerFast,
+        AutoTokenizer,
         DataCollatorForTokenClassification,
         Trainer,
         TrainingArguments,
@@ -286,7 +286,10 @@ def hf_side(args) -> None:
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     model_dir = Path(args.model_dir)
-    tokenizer = BertTokenizerFast(vocab_file=str(model_dir / "vocab.txt"), do_lower_case=True)
+    # as run_ner loads it; transformers 5's BertTokenizerFast(vocab_file=...) reads no vocab: every piece [UNK]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if len(tokenizer) < 100:
+        raise SystemExit(f"{model_dir}: the tokenizer has {len(tokenizer)} entries, not the vocab's")
     train = encode_run_ner(tokenizer, read_conll(work / "train.conll"), args.max_seq_length)
     dev_sentences = read_conll(work / "dev.conll")
     dev = encode_run_ner(tokenizer, dev_sentences, args.max_seq_length)
