@@ -130,7 +130,8 @@ class Predictor:
 
 TOKEN_HEAD, QUESTION_HEAD, SEQUENCE_HEAD = "AlbertForTokenClassification", "AlbertForQuestionAnswering", "sequence"
 #: a token classifier's column: each text's entities as JSON, [{"type", "start", "end", "text", "score"}] with
-#: character offsets (end excluded), as transformers' token-classification pipeline gives them
+#: character offsets (end excluded), in the layout of transformers' token-classification pipeline; tags read
+#: strictly, as the entity metrics read them (`token_task.text_entities`)
 ENTITIES = "entities"
 #: a reader's columns, from its answers' fields: the answer's text, its character offsets in the context (end
 #: excluded; -1 for none) and its score

@@ -139,9 +139,11 @@ def evaluate_tokens(model, encoded: batching.EncodedSplit, label_names, scheme: 
 def text_entities(
     model, tokenizer, texts: list[str], max_seq_length: int, overlap: int, **kwargs
 ) -> list[list[dict[str, Any]]]:
-    """Each raw text's entities as transformers' token-classification pipeline gives them (`aggregation_strategy=
-    "first"`): type, character `start` and `end` (end excluded), the `text` and `score` (the mean of its words'
-    tag probabilities). Texts are split into words as the NER data is (`token_data.words_with_offsets`)."""
+    """Each raw text's entities in the layout of transformers' token-classification pipeline: type, character
+    `start` and `end` (end excluded), the `text` and `score` (the mean of its words' tag probabilities). Tags are read
+    strictly, as the entity metrics read them: an `I-X` after `O` opens no entity, where the pipeline's
+    aggregation ("first") opens one; on well-formed tags the two agree. Texts are split into words as the NER data
+    is (`token_data.words_with_offsets`)."""
     split_words = [token_data.words_with_offsets(text) for text in texts]
     split = token_data.TaggedSplit("texts", [[w for w, _ in words] for words in split_words], None, [])
     encoded = token_data.encode_tagged(split, tokenizer, max_seq_length, overlap, None)
