@@ -145,12 +145,19 @@ def trained_classifier(directory, tokenizer_dir, rows, steps: int = 60):
     batch = tokenizer.batch_encode([r["text"] for r in rows], return_tensors="pt")
     labels = torch.tensor([config.label2id[r["label"]] for r in rows])
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(steps):
-        pick = torch.arange(step * 32, step * 32 + 32) % len(rows)
-        loss = model(**{k: v[pick] for k, v in batch.items()}, labels=labels[pick]).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    threads = torch.get_num_threads()
+    # Steps this small run 30 times slower on two threads when another process keeps the other core busy (the
+    # suite runs two): the threads spin waiting for each other.
+    torch.set_num_threads(1)
+    try:
+        for step in range(steps):
+            pick = torch.arange(step * 32, step * 32 + 32) % len(rows)
+            loss = model(**{k: v[pick] for k, v in batch.items()}, labels=labels[pick]).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
     model.eval().save_pretrained(directory)
     tokenizer.save(directory)
     return directory
