@@ -147,7 +147,7 @@ def ours_command(args, model_dir: Path, splits: dict[str, Path], out: Path) -> l
         "tracking.tracking_uri": f"sqlite:///{out / 'mlflow.db'}",
         "tracking.experiment": "bench-finetune-hf",
     }
-    config = REPO / "jobs/configs/finetune.yaml"
+    config = REPO / "albert_dist/configs/finetune.yaml"
     command = [sys.executable, "-m", "albert_dist.cli", "finetune", "--config", str(config)]
     for key, value in settings.items():
         command += ["--set", f"{key}={value}"]

@@ -502,11 +502,11 @@ def pretrain(args, data: dict, vocab: Path, work: Path, env) -> tuple[dict[str, 
     out = work / f"pretrain-{args.pretrain_steps}"
     common = ["--set", f"run.output_dir={out}", "--set", "data.output=prepared_zh"]
     prepare = [sys.executable, "-m", "albert_dist.cli", "data", "prepare", "--config"]
-    prepare += [str(REPO / "jobs/configs/prepare_zh.yaml"), *common, "--set", f"data.inputs=[{data['corpus']}]"]
+    prepare += [str(REPO / "albert_dist/configs/prepare_zh.yaml"), *common, "--set", f"data.inputs=[{data['corpus']}]"]
     prepare += ["--set", f"tokenizer.path={vocab}", "--set", "tokenizer.vocab_size=8000"]  # the default: unset
     prepare += ["--set", "data.format=sentences"]
     steps = args.pretrain_steps
-    run = [sys.executable, "-m", "albert_dist.cli", "pretrain", "--config", str(REPO / "jobs/configs/pretrain_zh.yaml")]
+    run = [sys.executable, "-m", "albert_dist.cli", "pretrain", "--config", str(REPO / "albert_dist/configs/pretrain_zh.yaml")]
     run += [*common, "--set", f"train.max_steps={steps}", "--set", f"train.warmup_steps={min(200, steps // 10)}"]
     run += ["--set", f"train.eval_every={steps}", "--set", f"train.checkpoint_every={steps}"]
     run += ["--set", f"tracking.tracking_uri=sqlite:///{out / 'mlflow.db'}", "--set", f"run.seed={args.seed}"]

@@ -300,7 +300,7 @@ def main() -> None:
         "--prepared",
         type=Path,
         help="train on this prepared data (e.g. data prepare's with "
-        "jobs/configs/prepare_zh.yaml) instead of preparing --corpus",
+        "albert_dist/configs/prepare_zh.yaml) instead of preparing --corpus",
     )
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--seq", type=int, default=128)

@@ -93,7 +93,7 @@ def run_ours(args, work: Path, train_text: Path) -> dict:
             "data",
             "prepare",
             "--config",
-            REPO / "jobs/configs" / prepare,
+            REPO / "albert_dist/configs" / prepare,
             *common,
             "--set",
             f"data.inputs=[{train_text}]",
@@ -102,13 +102,13 @@ def run_ours(args, work: Path, train_text: Path) -> dict:
     overrides = [a for s in args.ours_set for a in ("--set", s)]
     name = f"ours-{time.strftime('%H%M%S')}"  # a run of its own, not a resume of an earlier one
     started = time.perf_counter()
-    cli("pretrain", "--config", REPO / "jobs/configs" / pretrain, *common, "--set", f"run.name={name}", *overrides)
+    cli("pretrain", "--config", REPO / "albert_dist/configs" / pretrain, *common, "--set", f"run.name={name}", *overrides)
     seconds = time.perf_counter() - started
     from albert_dist.config import load_config
     from albert_dist.data.loading import load_prepared
     from albert_dist.pretrain.config import PretrainJobConfig
 
-    cfg = load_config(PretrainJobConfig, REPO / "jobs" / "configs" / pretrain, list(args.ours_set))
+    cfg = load_config(PretrainJobConfig, REPO / "albert_dist" / "configs" / pretrain, list(args.ours_set))
     steps = cfg.train.max_steps
     lengths = pq.read_table(load_prepared(work / "prepared").shard_paths("train")).column("input_ids")
     mean_length = sum(len(chunk.values) for chunk in lengths.chunks) / len(lengths)

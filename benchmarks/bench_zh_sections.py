@@ -3,9 +3,9 @@ pretrained model and from a random init of the same shape (same vocab.txt), on t
 seeds, and the difference in dev accuracy.
 
     python benchmarks/corpora.py zh-manpage-sections /work/corpora/zh_sections    # the set, pretraining text
-    albert-dist data prepare --config jobs/configs/prepare_zh.yaml --set run.output_dir=/work/zhsec \\
+    albert-dist data prepare --config albert_dist/configs/prepare_zh.yaml --set run.output_dir=/work/zhsec \\
         --set 'data.inputs=[/work/corpora/zh_sections/pretrain_corpus.txt]'
-    albert-dist pretrain --config jobs/configs/pretrain_zh.yaml --set run.output_dir=/work/zhsec \\
+    albert-dist pretrain --config albert_dist/configs/pretrain_zh.yaml --set run.output_dir=/work/zhsec \\
         --set train.max_steps=950                                                  # ~20 minutes on 2 CPUs
     python benchmarks/bench_zh_sections.py --pretrained /work/zhsec/albert-tiny-zh/model \\
         --task /work/corpora/zh_sections --out-dir /work/zhsec/sections

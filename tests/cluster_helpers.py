@@ -12,7 +12,7 @@ def sets(*items: str) -> list[str]:
 def prepare_args(corpus) -> list[str]:
     return [
         "--config",
-        "jobs/configs/prepare_data.yaml",
+        "albert_dist/configs/prepare_data.yaml",
         *sets(
             f"data.inputs=[{corpus}]",
             "data.format=blocks",
@@ -29,7 +29,7 @@ def pretrain_args(name: str, steps: int) -> list[str]:
     """Hidden 64, 2 layers, fp32, 2 Train workers of half a CPU; one evaluation, at the end."""
     return [
         "--config",
-        "jobs/configs/pretrain_tiny.yaml",
+        "albert_dist/configs/pretrain_tiny.yaml",
         *sets(
             f"run.name={name}",
             "model.hidden_size=64",

@@ -24,7 +24,7 @@ from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
 
-CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "albert_dist" / "configs"
 LATIN = ["albert", "bert", "ray", "data", "deep", "learning", "##s", "##ing"]
 # voidful/albert_chinese_*'s config.json: BERT-era keys, no model_type or architectures
 VOIDFUL_EXTRAS = {

@@ -18,7 +18,7 @@ from albert_dist.pretrain.config import PretrainJobConfig
 
 pytestmark = pytest.mark.slow
 
-CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "albert_dist" / "configs"
 
 
 def prepare_config(root: Path, corpus: Path, *extra: str) -> DataJobConfig:

@@ -100,7 +100,7 @@ def test_bad_data_met_inside_ray_tasks_is_one_line_without_traceback(tmp_path, w
     retry advice, and nothing is published."""
     bad = tmp_path / ("bad.jsonl" if write_bad is _broken_jsonl else "bad.txt")
     pattern = write_bad(bad)
-    config = Path(__file__).resolve().parent.parent / "jobs" / "configs" / "prepare_data.yaml"
+    config = Path(__file__).resolve().parent.parent / "albert_dist" / "configs" / "prepare_data.yaml"
     items = [
         f"data.inputs=[{bad}]",
         f"run.output_dir={tmp_path / 'out'}",

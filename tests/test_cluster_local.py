@@ -276,7 +276,7 @@ def test_jobs_run_and_land_in_mlflow_without_secrets(cluster, stopped_and_resubm
         env,
         "finetune",
         "--config",
-        "jobs/configs/finetune.yaml",
+        "albert_dist/configs/finetune.yaml",
         "--name",
         "finetune-1",
         *sets(

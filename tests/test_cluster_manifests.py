@@ -72,7 +72,7 @@ def test_rayjob():
     runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
     assert runtime_env["env_vars"]["ALBERT_DIST_HOME"].startswith("/mnt/shared")
     ray_cluster_spec(spec["rayClusterSpec"])
-    assert spec["entrypoint"] == "python -m albert_dist.cli pretrain --config jobs/configs/pretrain_base.yaml"
+    assert spec["entrypoint"] == "python -m albert_dist.cli pretrain --config albert_dist/configs/pretrain_base.yaml"
 
 
 def expand(text: str) -> list[str]:

@@ -17,7 +17,7 @@ from albert_dist.pretrain.config import PretrainJobConfig
 
 pytestmark = pytest.mark.slow
 
-CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "albert_dist" / "configs"
 TEXT, PAIR = "Return the number of items in a container.", "Raise ValueError when the argument is not valid."
 
 

@@ -20,7 +20,7 @@ from albert_dist.job_registry import JOBS, Command, Job
 from albert_dist.pretrain.config import PretrainJobConfig
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = REPO / "jobs" / "configs"
+CONFIGS = REPO / "albert_dist" / "configs"
 # config file stem -> (module holding the config class, class name); the module may not exist yet
 CONFIG_CLASSES = {
     "prepare_data": ("albert_dist.data.config", "DataJobConfig"),
@@ -196,7 +196,7 @@ def test_entrypoint_names_the_config_inside_the_checkout(tmp_path):
         ["pretrain"], str(CONFIGS / "pretrain_tiny.yaml"), ["train.max_steps=5", "run.name=a b"]
     )
     assert command == (
-        "python -m albert_dist.cli pretrain --config jobs/configs/pretrain_tiny.yaml --set train.max_steps=5 "
+        "python -m albert_dist.cli pretrain --config albert_dist/configs/pretrain_tiny.yaml --set train.max_steps=5 "
         "--set 'run.name=a b'"
     )
     outside = tmp_path / "mine.yaml"

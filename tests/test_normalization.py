@@ -21,7 +21,7 @@ from albert_dist.config import load_config
 from albert_dist.data.config import DataJobConfig
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
-CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "albert_dist" / "configs"
 MAX_LENGTH = 512
 
 RAW_LINES = [

@@ -349,7 +349,7 @@ def test_every_problem_of_a_space_is_in_the_one_error(workspace):
 )
 def test_example_sweep_configs_validate(name, config_class, job_class, monkeypatch):
     monkeypatch.chdir(ROOT)
-    cfg = load_config(config_class, ROOT / "jobs" / "configs" / name)
+    cfg = load_config(config_class, ROOT / "albert_dist" / "configs" / name)
     assert isinstance(cfg.job, job_class) and cfg.distributions
 
 

@@ -91,7 +91,7 @@ def _relative_to_repo(config: str) -> str:
     except ValueError:
         raise AlbertDistError(
             f"{config} is outside the checkout {REPO_ROOT}, which is what the job receives: "
-            "put the config under jobs/configs/ or pass fields with --set"
+            "put the config under albert_dist/configs/ or pass fields with --set"
         ) from None
 
 
