@@ -172,14 +172,34 @@ def test_preparation_refuses_options_it_would_not_use():
         load_config(DataJobConfig, None, ["masking.max_ngram=1", "masking.whole_word=false"])
 
 
-def test_distillation_is_a_classification_without_a_task_key():
+def test_distillation_takes_its_task_and_default_metric_from_the_teacher(tmp_path):
+    """A NER teacher's student is picked by entity F1, a reader's may be by exact match, and a metric the teacher's
+    task lacks is refused, naming both; a sweep's metric follows."""
     from albert_dist.finetune.config import DistillJobConfig
+    from albert_dist.model import AlbertConfig
+    from albert_dist.tune.config import DistillTuneConfig
 
-    assert load_config(DistillJobConfig).finetune.best_metric == "accuracy"
-    with pytest.raises(ConfigError, match=r"finetune\.task: unknown key \(distillation is a classification"):
+    def teacher(architecture: str) -> str:
+        directory = tmp_path / architecture
+        directory.mkdir(exist_ok=True)
+        AlbertConfig(architectures=[architecture]).to_json_file(directory / "config.json")
+        return str(directory)
+
+    def distill(architecture: str, *overrides: str) -> DistillJobConfig:
+        return load_config(DistillJobConfig, None, [f"distill.teacher={teacher(architecture)}", *overrides])
+
+    assert distill("AlbertForTokenClassification").best_metric == "f1"
+    assert distill("AlbertForQuestionAnswering", "finetune.metric=exact_match").best_metric == "exact_match"
+    assert distill("AlbertForSequenceClassification").best_metric == "accuracy"
+    classifier = distill("AlbertForMaskedLM", "finetune.metric=pearson")  # any other head: a classifier's teacher
+    with pytest.raises(ConfigError, match="metric pearson does not apply to classification; use one of accuracy"):
+        _ = classifier.best_metric
+    with pytest.raises(ConfigError, match="distill.teacher is not set"):
+        _ = load_config(DistillJobConfig).best_metric
+    sweep = DistillTuneConfig.model_validate({"job": distill("AlbertForTokenClassification")})
+    assert sweep.tune_metric == "eval_f1"
+    with pytest.raises(ConfigError, match=r"finetune\.task: unknown key \(distillation's task is its teacher's"):
         load_config(DistillJobConfig, None, ["finetune.task=classification"])
-    with pytest.raises(ConfigError, match="metric pearson does not apply to classification"):
-        load_config(DistillJobConfig, None, ["finetune.metric=pearson"])
     with pytest.raises(ConfigError, match="data: labels: distillation learns the teacher's labels"):
         load_config(DistillJobConfig, None, ["data.labels=[neg, pos]"])
 

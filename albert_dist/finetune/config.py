@@ -15,6 +15,9 @@ from albert_dist.config import (
     local_path,
     without_credentials,
 )
+from albert_dist.errors import ConfigError
+from albert_dist.model.checkpoint import load_config
+from albert_dist.model.modeling import head_task
 from albert_dist.model.sections import PretrainedModelSection
 from albert_dist.storage import is_uri
 
@@ -138,7 +141,7 @@ class TaskDataSection(Section):
 
 class TaskTrainingSection(Section):
     """What fine-tuning and distillation add to the training loop: epochs, ALBERT-aware learning rates, early
-    stopping; distillation's `finetune:` (a classification, as its teacher).
+    stopping; distillation's `finetune:` (its task is its teacher's).
 
     Learning-rate scales multiply `train.learning_rate` per parameter group: `head` (classifier + pooler),
     `group0..group{G-1}` (ALBERT's shared layer groups) and `embeddings` (incl. the E→H mapping). With
@@ -146,7 +149,7 @@ class TaskTrainingSection(Section):
     single groups; 0 freezes one.
     """
 
-    key_hints = {"task": "distillation is a classification, with the teacher's labels"}
+    key_hints = {"task": "distillation's task is its teacher's"}
 
     epochs: float | None = Field(3.0, gt=0, description="Sets the number of steps; empty: train.max_steps does.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of the steps warming up (sets warmup_steps).")
@@ -172,23 +175,12 @@ class TaskTrainingSection(Section):
                 raise ValueError(f"lr scale of {name} must be >= 0, got {scale}")
         return scales
 
-    @property
-    def task_kind(self) -> str:
-        """finetune.task; distillation's section has none: it is a classification."""
-        return getattr(self, "task", "classification")
 
-    @model_validator(mode="after")
-    def _metric_fits_task(self) -> TaskTrainingSection:
-        if (self.metric or "loss") not in TASK_METRICS[self.task_kind]:
-            raise ValueError(
-                f"metric {self.metric} does not apply to {self.task_kind}; use one of "
-                f"{', '.join(TASK_METRICS[self.task_kind])}"
-            )
-        return self
-
-    @property
-    def best_metric(self) -> str:
-        return self.metric or TASK_METRICS[self.task_kind][0]
+def metric_for(task: str, metric: str | None) -> str:
+    """The dev metric that picks the best model of a `task`: `metric`, else the task's default."""
+    if (metric or "loss") not in TASK_METRICS[task]:
+        raise ConfigError(f"metric {metric} does not apply to {task}; use one of {', '.join(TASK_METRICS[task])}")
+    return metric or TASK_METRICS[task][0]
 
 
 class FinetuneSection(TaskTrainingSection):
@@ -200,6 +192,15 @@ class FinetuneSection(TaskTrainingSection):
         "word, scored by entity-level precision, recall and F1 as seqeval's strict mode) or question_answering "
         "(extractive reading comprehension: an answer span of the context, scored by exact match and F1).",
     )
+
+    @model_validator(mode="after")
+    def _metric_fits_task(self) -> FinetuneSection:
+        metric_for(self.task, self.metric)
+        return self
+
+    @property
+    def best_metric(self) -> str:
+        return metric_for(self.task, self.metric)
 
 
 def _one_training_length(config: TrainingJobConfig) -> TrainingJobConfig:
@@ -234,6 +235,10 @@ class FinetuneJobConfig(TrainingJobConfig):
     train: FinetuneTrainSection = Field(default_factory=FinetuneTrainSection)
 
     _one_training_length = model_validator(mode="after")(_one_training_length)
+
+    @property
+    def best_metric(self) -> str:
+        return self.finetune.best_metric
 
 
 class StudentSection(Section):
@@ -300,6 +305,19 @@ class DistillJobConfig(TrainingJobConfig):
     train: FinetuneTrainSection = Field(default_factory=lambda: FinetuneTrainSection(learning_rate=1e-4))
 
     _one_training_length = model_validator(mode="after")(_one_training_length)
+
+    @property
+    def teacher_task(self) -> str:
+        """What the teacher was fine-tuned for, from its config.json's architectures."""
+        if not self.distill.teacher:
+            raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
+        return head_task(load_config(self.distill.teacher))
+
+    @property
+    def best_metric(self) -> str:
+        """finetune.metric, else the default of the teacher's task (entity F1 for NER, answer F1 for a reader,
+        accuracy for a classifier)."""
+        return metric_for(self.teacher_task, self.finetune.metric)
 
     @field_validator("data")
     @classmethod

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from albert_dist.data import batching
 from albert_dist.errors import ConfigError
 from albert_dist.finetune import entities, inference, job, qa_task, token_task
-from albert_dist.finetune.config import TASK_METRICS, DistillJobConfig
+from albert_dist.finetune.config import DistillJobConfig
 from albert_dist.finetune.qa_task import QuestionAnsweringSpec, QuestionAnsweringTask
 from albert_dist.finetune.task import ClassificationSpec, SequenceClassificationTask
 from albert_dist.finetune.token_task import TokenClassificationSpec, TokenClassificationTask
@@ -48,10 +48,6 @@ from albert_dist.train.plan import Plan, base_plan
 from albert_dist.training_job import JobOutcome, TrainingJob
 
 PROJECTION_FILE = "distill_projection.safetensors"
-HEAD_TASKS = {
-    AlbertForTokenClassification.architecture: "token_classification",
-    AlbertForQuestionAnswering.architecture: "question_answering",
-}
 
 
 def teacher_layer(student_layer: int, student_layers: int, teacher_layers: int) -> int:
@@ -352,7 +348,7 @@ def parameter_count(model: torch.nn.Module) -> int:
 def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) -> dict[str, float]:
     """Teacher and student dev metrics, the student's share of the teacher's metric, parameter counts and the
     inference speedup on the same batch, machine and precision."""
-    metric = distill_metric(cfg)
+    metric = cfg.best_metric
     dev = task_data.splits["dev"]
     t_metrics, s_metrics = (evaluate_split(model, "dev", task_data, cfg) for model in (teacher, student))
     batch = next(batching.batches(dev, cfg.distill.speed_batch_size, cfg.data.pad_to_multiple_of))
@@ -375,18 +371,6 @@ def compare(teacher, student, task_data: job.TaskData, cfg: DistillJobConfig) ->
     return out
 
 
-def teacher_task(teacher_dir: str | Path) -> str:
-    """What the teacher was fine-tuned for: token classification, question answering or (sentence)
-    classification."""
-    architectures = load_config(teacher_dir).architectures or []
-    return HEAD_TASKS.get(architectures[0], "classification") if len(architectures) == 1 else "classification"
-
-
-def distill_metric(cfg: DistillJobConfig) -> str:
-    """finetune.metric, else the default of the teacher's task (entity F1 for NER, accuracy otherwise)."""
-    return cfg.finetune.metric or TASK_METRICS[teacher_task(cfg.distill.teacher)][0]
-
-
 def evaluate_split(model, split: str, task_data: job.TaskData, cfg: DistillJobConfig):
     """The dev or test metrics of a teacher or student, as fine-tuning computes them for its task."""
     encoded = task_data.splits[split]
@@ -405,10 +389,8 @@ def evaluate_split(model, split: str, task_data: job.TaskData, cfg: DistillJobCo
 
 def plan(cfg: DistillJobConfig) -> Plan:
     """Load the teacher, tokenize the task data with its labels, build the student: the run's plan."""
-    teacher_dir = cfg.distill.teacher
-    if not teacher_dir:
-        raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
-    task = teacher_task(teacher_dir)
+    # a metric the teacher's task lacks is refused before anything is read
+    teacher_dir, task, metric = cfg.distill.teacher, cfg.teacher_task, cfg.best_metric
     teacher = job.model_class(task).from_pretrained(teacher_dir)
     names = [teacher.config.id2label[i] for i in range(teacher.config.num_labels)]
     task_data = job.prepare_task_data(cfg.data, task, teacher_dir, label_names=names)
@@ -427,7 +409,7 @@ def plan(cfg: DistillJobConfig) -> Plan:
         seed=cfg.run.seed,
         model_overrides={},
         tokenizer_dir=str(teacher_dir),
-        metric=distill_metric(cfg),
+        metric=metric,
     )
     spec = DistillationSpec(
         student_task,
@@ -493,7 +475,7 @@ def save_with_tokenizer(model, tokenizer_source: str | Path, directory: Path) ->
 
 
 def _summary(cfg: DistillJobConfig, outcome: JobOutcome) -> list[str]:
-    m, metric = outcome.metrics, distill_metric(cfg)
+    m, metric = outcome.metrics, cfg.best_metric
     return [
         f"teacher dev {metric} {m[f'teacher_dev_{metric}']:.4f} | student dev {metric} "
         f"{m[f'student_dev_{metric}']:.4f} ({100 * m['student_share_of_teacher']:.1f}% of the teacher)",

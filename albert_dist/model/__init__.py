@@ -16,6 +16,7 @@ from albert_dist.model.modeling import (
     AlbertPreTrainingOutput,
     AlbertQuestionAnsweringOutput,
     AlbertSequenceClassifierOutput,
+    head_task,
     layer_to_group,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "AlbertSequenceClassifierOutput",
     "IGNORE_INDEX",
     "from_pretrained",
+    "head_task",
     "layer_to_group",
     "load_state_dict",
     "save_pretrained",

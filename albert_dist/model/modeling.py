@@ -544,3 +544,14 @@ class AlbertForQuestionAnswering(AlbertPreTrainedModel):
                 + F.cross_entropy(end_logits, end, ignore_index=width)
             ) / 2
         return AlbertQuestionAnsweringOutput(loss, start_logits, end_logits, out.hidden_states)
+
+
+def head_task(config) -> str:
+    """The task a model's config.json was trained for, from its architectures: token_classification,
+    question_answering, or classification for a sequence head (and anything else)."""
+    architectures = config.architectures or []
+    tasks = {
+        AlbertForTokenClassification.architecture: "token_classification",
+        AlbertForQuestionAnswering.architecture: "question_answering",
+    }
+    return tasks.get(architectures[0], "classification") if len(architectures) == 1 else "classification"

@@ -61,7 +61,7 @@ class TuneJobConfig(Section):
         description="dotted job field → {loguniform|uniform: [lo, hi]} | {randint: [lo, hi)} | {choice: [...]}",
     )
     metric: str | None = Field(
-        None, description="A dev metric the loop reports (eval_*); default: eval_<finetune.metric>."
+        None, description="A dev metric the loop reports (eval_*); default: eval_ and the job's best-model metric."
     )
     mode: Literal["max", "min"] | None = Field(None, description="Default: min for losses, else max.")
     num_samples: int = Field(8, ge=1)
@@ -98,7 +98,7 @@ class TuneJobConfig(Section):
 
     @property
     def tune_metric(self) -> str:
-        return self.metric or f"eval_{self.job.finetune.best_metric}"
+        return self.metric or f"eval_{self.job.best_metric}"
 
     @property
     def tune_mode(self) -> str:
