@@ -80,11 +80,13 @@ def staging_dir(location: str) -> Path:
     """The local directory of a URI `location` (a run's, a model's, a checkpoint's): its staging and download
     cache, `$ALBERT_DIST_STAGING/<scheme>/<bucket>/<key>`, by default under `$XDG_CACHE_HOME/albert-dist` (else
     ~/.cache/albert-dist). The same on every launch on a host: a relaunch finds its lock and downloads there."""
-    root = (
-        os.environ.get("ALBERT_DIST_STAGING")
-        or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "albert-dist"
-    )
+    root = os.environ.get("ALBERT_DIST_STAGING") or cache_root()
     return Path(root, urllib.parse.urlsplit(location).scheme, *uri_path(location).strip("/").split("/"))
+
+
+def cache_root() -> Path:
+    """This host's cache of albert-dist: `$XDG_CACHE_HOME/albert-dist`, else ~/.cache/albert-dist."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "albert-dist"
 
 
 def uri_path(uri: str) -> str:

@@ -18,6 +18,7 @@ from albert_dist.model import (
     AlbertModel,
     layer_to_group,
 )
+from albert_dist.storage import sha256_file
 
 SMALL = dict(
     vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48
@@ -276,22 +277,30 @@ def test_missing_checkpoint_pieces_raise_checkpoint_error(tmp_path):
         AlbertForPreTraining.from_pretrained(tmp_path)
 
 
-def test_pickle_weights_are_refused_unless_allowed_and_then_load_with_weights_only(tmp_path):
+def test_pickle_weights_load_with_weights_only_through_a_safetensors_copy(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model_dir = tmp_path / "model"
     model = AlbertForSequenceClassification(small_config()).eval()
-    model.config.to_json_file(tmp_path / "config.json")
-    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match="pytorch_model.bin, a pickle, which is refused.*allow_pickle"):
-        AlbertForSequenceClassification.from_pretrained(tmp_path)
-    loaded = AlbertForSequenceClassification.from_pretrained(tmp_path, allow_pickle=True)
+    model_dir.mkdir()
+    model.config.to_json_file(model_dir / "config.json")
+    torch.save(model.state_dict(), model_dir / "pytorch_model.bin")
+    loaded = AlbertForSequenceClassification.from_pretrained(model_dir)
     ids, mask, types, _ = batch(model.config)
     torch.testing.assert_close(loaded(ids, mask, types).logits, model(ids, mask, types).logits)
-    # Even when allowed, anything beyond plain tensors is refused rather than unpickled.
-    torch.save({"payload": logging.getLogger("x")}, tmp_path / "pytorch_model.bin")
+    (copy,) = (tmp_path / "cache" / "albert-dist" / "safetensors").iterdir()
+    assert copy.name == f"{sha256_file(model_dir / 'pytorch_model.bin')}.safetensors"
+    # converted once: a later load reads the copy and never unpickles again
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("unpickled a second time"))
+    AlbertForSequenceClassification.from_pretrained(model_dir)
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # anything beyond plain tensors is refused rather than unpickled
+    torch.save({"payload": logging.getLogger("x")}, model_dir / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="cannot read the weights"):
-        AlbertForSequenceClassification.from_pretrained(tmp_path, allow_pickle=True)
-    # safetensors beside the pickle wins, without any opt-in.
-    model.save_pretrained(tmp_path)
-    AlbertForSequenceClassification.from_pretrained(tmp_path)
+        AlbertForSequenceClassification.from_pretrained(model_dir)
+    # safetensors beside the pickle wins
+    model.save_pretrained(model_dir)
+    AlbertForSequenceClassification.from_pretrained(model_dir)
 
 
 def test_base_checkpoint_into_classifier_warns_about_new_head(tmp_path, caplog):

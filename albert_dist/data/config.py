@@ -34,8 +34,8 @@ class TokenizerSection(Section):
     )
     path: str | None = Field(
         None,
-        description="An existing tokenizer (dir with spiece.model or vocab.txt, or the "
-        "file); when empty one is trained on the corpus.",
+        description="An existing tokenizer (dir with spiece.model or vocab.txt, the file, or a Hugging Face "
+        "Hub model id: org/name[@revision]); when empty one is trained on the corpus.",
     )
     vocab_size: int = Field(8000, ge=16)
     character_coverage: float = Field(0.99995, ge=0.98, le=1, description="SentencePiece only (it takes 0.98-1).")

@@ -225,12 +225,14 @@ def _read_user_dict(path: str | None) -> str | None:
 
 def _tokenizer(cfg: DataJobConfig, ranges: list[FileRange], out_dir: Path, log: Callable[[str], None]):
     """The configured tokenizer, or one trained on the corpus's sentences; saved into `out_dir`."""
+    from albert_dist.hub.download import hub_id
     from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
     from albert_dist.tokenizer.training import train_sentencepiece, train_wordpiece
 
     t = cfg.tokenizer
     if t.path:
-        tokenizer = load_tokenizer(resolve_path(t.path))
+        local = resolve_path(t.path)
+        tokenizer = load_tokenizer(t.path if hub_id(t.path) and not local.exists() else local)
         if tokenizer.kind != t.kind:
             raise DataError(f"tokenizer.path {t.path} holds a {tokenizer.kind} tokenizer, not kind={t.kind}")
     else:

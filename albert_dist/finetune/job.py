@@ -252,7 +252,6 @@ def classification_spec(
     seed: int,
     model_overrides: dict[str, Any],
     tokenizer_dir: str | None = None,
-    allow_pickle: bool = False,
     metric: str | None = None,
 ) -> ClassificationSpec:
     """The workers' task: fine-tune `init_from` (its tokenizer, unless `tokenizer_dir` names another) on
@@ -284,7 +283,6 @@ def classification_spec(
         pad_to_multiple_of=data_section.pad_to_multiple_of,
         group_by_length=data_section.group_by_length,
         max_seq_length=data_section.max_seq_length,
-        allow_pickle=allow_pickle,
         window_overlap=data_section.window_overlap
         if tagged or task == "question_answering" or data_section.long_text == "windows"
         else None,
@@ -342,7 +340,6 @@ def plan(cfg: FinetuneJobConfig) -> Plan:
         per_epoch=per_epoch,
         seed=cfg.run.seed,
         model_overrides=overrides,
-        allow_pickle=cfg.model.allow_pickle,
     )
     rows = ", ".join(f"{len(split)} {name}" for name, split in task_data.splits.items())
     return base_plan(

@@ -56,7 +56,7 @@ class QuestionAnsweringTask(SequenceClassificationTask):
 
     def build_model(self) -> torch.nn.Module:
         return AlbertForQuestionAnswering.from_pretrained(
-            fetch_dir(self.spec.init_from), allow_pickle=self.spec.allow_pickle, **self.spec.model_overrides
+            fetch_dir(self.spec.init_from), **self.spec.model_overrides
         )
 
     def loss(self, model, batch):

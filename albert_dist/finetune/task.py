@@ -79,7 +79,6 @@ class ClassificationSpec(TaskSpec):
     pad_to_multiple_of: int | None
     group_by_length: bool
     max_seq_length: int
-    allow_pickle: bool = False
     window_overlap: int | None = None  # long texts read as windows sharing this many pieces (saved with the model)
 
     def build(self, rank: int, world_size: int, dataset: Callable[[str], Any]) -> SequenceClassificationTask:
@@ -101,7 +100,7 @@ class SequenceClassificationTask(TrainingTask):
     # ------------------------------------------------------------------------------------------------ model
     def build_model(self) -> torch.nn.Module:
         return AlbertForSequenceClassification.from_pretrained(
-            fetch_dir(self.spec.init_from), allow_pickle=self.spec.allow_pickle, **self.spec.model_overrides
+            fetch_dir(self.spec.init_from), **self.spec.model_overrides
         )
 
     def parameter_groups(self, model, weight_decay):

@@ -39,7 +39,7 @@ class TokenClassificationTask(SequenceClassificationTask):
 
     def build_model(self) -> torch.nn.Module:
         return AlbertForTokenClassification.from_pretrained(
-            fetch_dir(self.spec.init_from), allow_pickle=self.spec.allow_pickle, **self.spec.model_overrides
+            fetch_dir(self.spec.init_from), **self.spec.model_overrides
         )
 
     def statistics(self, logits: torch.Tensor, loss: torch.Tensor, batch) -> dict[str, torch.Tensor]:

@@ -1,8 +1,10 @@
 """Read and write checkpoint directories in transformers' layout: config.json + model.safetensors.
 
 Any transformers ALBERT directory loads (pretraining, masked LM, base model, classification), and what we write
-loads in transformers. Weights are never unpickled freely: a directory with only pytorch_model.bin is refused unless
-the caller opts in (`allow_pickle`), and even then it goes through weights_only loading.
+loads in transformers. A directory may be a Hugging Face Hub id (`org/name[@revision]`, albert_dist.hub.download).
+Weights are never unpickled freely: a directory with only pytorch_model.bin (as the albert_chinese_* checkpoints
+ship) is read once with torch.load(weights_only=True), which accepts tensors and plain containers only, and
+converted to safetensors in this host's cache (keyed by the pickle's sha256); every later load reads that.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from albert_dist.errors import AlbertDistError, CheckpointError
+from albert_dist.hub.download import local_dir
 from albert_dist.model.config import AlbertConfig
-from albert_dist.storage import publish_file
+from albert_dist.storage import cache_root, publish_file, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ def save_pretrained(model, directory: str | os.PathLike) -> None:
 
 
 def load_config(directory: str | os.PathLike, **overrides) -> AlbertConfig:
-    directory = Path(directory)
+    directory = local_dir(directory)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
     path = directory / CONFIG_NAME
@@ -72,24 +75,14 @@ def load_config(directory: str | os.PathLike, **overrides) -> AlbertConfig:
         raise CheckpointError(f"{path}: {e}") from e
 
 
-def load_state_dict(directory: str | os.PathLike, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """Tensors of model.safetensors (or its shards), else of pytorch_model.bin when `allow_pickle`.
-
-    A pickle is refused by default because unpickling a file from elsewhere can run its code; with the opt-in it
-    is still read with weights_only=True, which accepts tensors and plain containers only.
-    """
-    directory = Path(directory)
+def load_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of model.safetensors (or its shards), else of pytorch_model.bin through its safetensors copy."""
+    directory = local_dir(directory)
     safe, index, pickled = (
         directory / SAFE_WEIGHTS_NAME,
         directory / SAFE_WEIGHTS_INDEX_NAME,
         directory / PICKLE_WEIGHTS_NAME,
     )
-    if not (safe.is_file() or index.is_file()) and pickled.is_file() and not allow_pickle:
-        raise CheckpointError(
-            f"{directory} holds its weights only as {PICKLE_WEIGHTS_NAME}, a pickle, which is "
-            f"refused: convert it to {SAFE_WEIGHTS_NAME}, or opt in with allow_pickle=True "
-            f"(config: model.allow_pickle=true) to load it with torch.load(weights_only=True)"
-        )
     try:
         if safe.is_file():
             return load_file(str(safe))
@@ -97,10 +90,33 @@ def load_state_dict(directory: str | os.PathLike, allow_pickle: bool = False) ->
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
             return {k: v for shard in shards for k, v in load_file(str(directory / shard)).items()}
         if pickled.is_file():
-            return torch.load(pickled, map_location="cpu", weights_only=True)
+            return load_file(str(converted(pickled)))
     except (OSError, SafetensorError, json.JSONDecodeError, KeyError, RuntimeError, pickle.UnpicklingError) as e:
         raise CheckpointError(f"cannot read the weights in {directory}: {e}") from e
     raise CheckpointError(f"checkpoint directory {directory} has neither {SAFE_WEIGHTS_NAME} nor {PICKLE_WEIGHTS_NAME}")
+
+
+def converted(pickled: Path) -> Path:
+    """The safetensors copy of the pickled state dict `pickled`, made on first use: torch.load(weights_only=True)
+    refuses anything but tensors and plain containers (a pickle from elsewhere cannot run code), and the copy
+    spares every later load (each worker, each run) the unpickling."""
+    target = cache_root() / "safetensors" / f"{sha256_file(pickled)}.safetensors"
+    if target.is_file():
+        return target
+    state = torch.load(pickled, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{pickled} is not a state dict of tensors")
+    seen: set[int] = set()
+    tensors = {}
+    for key, tensor in state.items():
+        # safetensors stores no shared memory: older checkpoints tie the decoder to the word embeddings
+        shared = tensor.untyped_storage().data_ptr() in seen
+        seen.add(tensor.untyped_storage().data_ptr())
+        tensors[key] = tensor.clone().contiguous() if shared else tensor.contiguous()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    publish_file(target, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}), error=CheckpointError)
+    logger.info("%s converted to safetensors: %s", pickled, target)
+    return target
 
 
 def _adapt_keys(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -145,10 +161,11 @@ def load_weights(model, state: dict[str, torch.Tensor], source: str | os.PathLik
         logger.warning("%s: ignored weights unknown to %s: %s", source, type(model).__name__, ", ".join(strange))
 
 
-def from_pretrained(cls, directory: str | os.PathLike, allow_pickle: bool = False, **config_overrides):
+def from_pretrained(cls, directory: str | os.PathLike, **config_overrides):
     """Build `cls` from config.json (plus overrides such as num_labels) and load the weights; eval mode."""
+    directory = local_dir(directory)
     config = load_config(directory, **config_overrides)
-    state = load_state_dict(directory, allow_pickle=allow_pickle)
+    state = load_state_dict(directory)
     model = cls(config)
     load_weights(model, state, directory)
     return model.eval()

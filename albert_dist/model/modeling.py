@@ -290,8 +290,8 @@ class AlbertPreTrainedModel(nn.Module):
         ckpt.save_pretrained(self, directory)
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike, allow_pickle: bool = False, **config_overrides):
-        return ckpt.from_pretrained(cls, directory, allow_pickle=allow_pickle, **config_overrides)
+    def from_pretrained(cls, directory: str | os.PathLike, **config_overrides):
+        return ckpt.from_pretrained(cls, directory, **config_overrides)
 
 
 class AlbertModel(AlbertPreTrainedModel):

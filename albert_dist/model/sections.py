@@ -18,11 +18,10 @@ class PretrainedModelSection(Section):
     """A model to start from and the dropout to train it with: fine-tuning's `model:` (its shape is init_from's).
     `None` keeps the model's value."""
 
-    init_from: str | None = Field(None, description="A model directory (ours or transformers') to start from.")
-    allow_pickle: bool = Field(
-        False,
-        description="Accept an init_from holding only pytorch_model.bin (pickle), "
-        "still loaded with torch.load(weights_only=True).",
+    init_from: str | None = Field(
+        None,
+        description="A model directory (ours or transformers') to start from, or a Hugging Face Hub model id "
+        "(org/name, org/name@revision) read through huggingface_hub's cache.",
     )
     hidden_dropout_prob: float | None = Field(None, ge=0, lt=1)
     attention_probs_dropout_prob: float | None = Field(None, ge=0, lt=1)
@@ -31,7 +30,7 @@ class PretrainedModelSection(Section):
     _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: local_path(value)))
 
     def overrides(self) -> dict[str, Any]:
-        fields = self.model_dump(exclude={"preset", "init_from", "allow_pickle"})
+        fields = self.model_dump(exclude={"preset", "init_from"})
         return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -72,4 +71,7 @@ class ModelSection(PretrainedModelSection):
 PretrainedModelSection.key_hints = dict.fromkeys(
     set(ModelSection.model_fields) - set(PretrainedModelSection.model_fields),
     "the model's shape is model.init_from's; fine-tuning can change its dropout",
-)
+) | {
+    "allow_pickle": "an init_from holding only pytorch_model.bin needs no opt-in: it is read once with "
+    "torch.load(weights_only=True) and converted to safetensors"
+}

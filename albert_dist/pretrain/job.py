@@ -162,7 +162,6 @@ def pretraining_spec(
         eval_batches=cfg.train.eval_batches,
         has_eval=prepared.rows("eval") > 0,
         init_from=cfg.model.init_from,
-        allow_pickle=cfg.model.allow_pickle,
         plateau_warning_after=cfg.train.plateau_warning_after,
         packing=cfg.data.packing,
         phases=tuple(PhaseSpec(f"train_{i}", p.steps, p.batch_size, p.max_seq_length) for i, p in enumerate(phases)),

@@ -49,7 +49,6 @@ class PretrainingSpec(TaskSpec):
     eval_batches: int
     has_eval: bool
     init_from: str | None = None
-    allow_pickle: bool = False
     plateau_warning_after: float | None = None
     packing: bool = False
     phases: tuple[PhaseSpec, ...] = ()
@@ -87,7 +86,7 @@ class PretrainingTask(TrainingTask):
 
     def build_model(self) -> torch.nn.Module:
         if self.spec.init_from:
-            return AlbertForPreTraining.from_pretrained(self.spec.init_from, allow_pickle=self.spec.allow_pickle)
+            return AlbertForPreTraining.from_pretrained(self.spec.init_from)
         return AlbertForPreTraining(AlbertConfig.from_dict(self.spec.model_config))
 
     def loss(self, model, batch):

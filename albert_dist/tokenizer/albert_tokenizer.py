@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from albert_dist.errors import TokenizerError
+from albert_dist.hub.download import local_dir
 from albert_dist.storage import publish_bytes
 from albert_dist.tokenizer.backends import (
     SPECIAL_ROLES,
@@ -22,14 +23,15 @@ MODEL_MAX_LENGTH = 512
 
 
 class AlbertTokenizer:
-    """ALBERT tokenizer over a `spiece.model` or a WordPiece `vocab.txt` (a directory holding one, or the file).
+    """ALBERT tokenizer over a `spiece.model` or a WordPiece `vocab.txt` (a directory holding one, the file, or a
+    Hugging Face Hub model id).
 
     Text containing literal special tokens such as "[MASK]" is tokenized as plain text. `special_ids` holds the
     pad, [CLS], [SEP] and [MASK] ids, not unk (which stands for real text).
     """
 
     def __init__(self, path: str | os.PathLike):
-        file = _resolve_tokenizer_file(Path(path))
+        file = _resolve_tokenizer_file(local_dir(path))
         if file.name.endswith(".model"):
             self._backend = SentencePieceBackend.from_file(file)
         else:
@@ -180,7 +182,8 @@ def truncate_longest_first(
 
 
 def load_tokenizer(path: str | os.PathLike) -> AlbertTokenizer:
-    """The tokenizer in `path`: a directory with `spiece.model` (preferred) or `vocab.txt`, or either file."""
+    """The tokenizer in `path`: a directory with `spiece.model` (preferred) or `vocab.txt`, either file, or a hub
+    model id."""
     return AlbertTokenizer(path)
 
 
