@@ -253,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "logs":
             sub.add_argument("--follow", action="store_true")
         sub.set_defaults(handler=handler)
+
+    from albert_dist.cluster import preemption
+
+    preemption.add_parser(commands)
     return parser
 
 

@@ -69,12 +69,14 @@ class CountedKeywordTask(TaskSpec):
         return Counted()
 
 
-def reclaim(cluster, node, root: Path) -> None:
+def reclaim(cluster, node, root: Path, notify=drain) -> None:
+    """At step DRAIN_AT_STEP, `notify(cluster, node, DEADLINE_S)` tells the node it goes (returns the deadline);
+    the node is taken down at the deadline and another one joins."""
     steps = root / "steps"
     give_up = time.time() + 300
     while not (steps.exists() and len(steps.read_text()) >= DRAIN_AT_STEP) and time.time() < give_up:
         time.sleep(0.1)
-    deadline = drain(cluster, node, DEADLINE_S)
+    deadline = notify(cluster, node, DEADLINE_S)
     (root / "noticed").touch()
     print(f"drain notice at step {len(steps.read_text())}", flush=True)
     while not checkpoint_steps(root) and time.time() < deadline:
@@ -87,10 +89,10 @@ def reclaim(cluster, node, root: Path) -> None:
     print("node added", flush=True)
 
 
-def main(root: Path) -> None:
+def main(root: Path, notify=drain, cluster_and_node=None) -> None:
     from albert_dist.config import TrainSection
 
-    cluster, node = one_worker_node_cluster()
+    cluster, node = cluster_and_node or one_worker_node_cluster()
     train = TrainSection(
         max_steps=MAX_STEPS,
         warmup_steps=2,
@@ -106,7 +108,12 @@ def main(root: Path) -> None:
     )
 
     train_while(
-        cluster, "drain", root / "ray", CountedKeywordTask(str(root)), train, lambda: reclaim(cluster, node, root)
+        cluster,
+        "drain",
+        root / "ray",
+        CountedKeywordTask(str(root)),
+        train,
+        lambda: reclaim(cluster, node, root, notify),
     )
 
 
