@@ -42,6 +42,8 @@ CONFIG_CLASSES = {
     "clue_ocnli": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "clue_csl": ("albert_dist.finetune.config", "FinetuneJobConfig"),
     "clue_cluener": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "clue_cmrc2018": ("albert_dist.finetune.config", "FinetuneJobConfig"),
+    "clue_wsc": ("albert_dist.finetune.config", "FinetuneJobConfig"),
 }
 
 

@@ -60,9 +60,11 @@ class TaskDataSection(Section):
     )
     dev: str | None = Field(None, description="Dev file; when empty, dev_fraction of train is held out.")
     test: str | None = Field(None, description="Test file; when empty and test_fraction > 0, held out of train.")
-    format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "conll", "cluener"] = Field(
+    format: Literal["auto", "csv", "tsv", "jsonl", "parquet", "conll", "cluener", "cluewsc"] = Field(
         "auto",
-        description="auto: from the extension. Token classification reads conll (token<TAB>tag lines), cluener "
+        description="auto: from the extension. cluewsc: CLUEWSC2020's JSON lines, each text classified with its "
+        "target's noun between underscores and pronoun between brackets, as CLUE's baselines. Token "
+        "classification reads conll (token<TAB>tag lines), cluener "
         "(CLUENER2020 JSON lines) and jsonl/parquet rows of data.tokens_column and data.tags_column. Question "
         "answering reads SQuAD's JSON layout (SQuAD v1/v2, CMRC2018) or JSON lines of flat records, whatever this "
         "says.",

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from albert_dist.data.batching import EncodedSplit, encode_texts, encode_windows
 from albert_dist.errors import ConfigError, DataError
+from albert_dist.finetune import wsc
 from albert_dist.text_encoding import first_undecodable, not_utf8_error
 
 _FORMATS = {
@@ -125,8 +126,9 @@ class Split:
 
 
 def read_split(path: str, data, label_column: str | None) -> Split:
-    """Read one labelled (or, with `label_column=None`, unlabelled) file of a `TaskDataSection`."""
-    table = read_table(path, data.format)
+    """Read one labelled (or, with `label_column=None`, unlabelled) file of a `TaskDataSection`; CLUEWSC2020's rows
+    (`data.format: cluewsc`) are read as their texts with the spans marked (`wsc.marked_texts`)."""
+    table = read_table(path, "jsonl" if data.format == "cluewsc" else data.format)
     require_columns(
         table, path, text_column=data.text_column, text_pair_column=data.text_pair_column, label_column=label_column
     )
@@ -141,7 +143,11 @@ def read_split(path: str, data, label_column: str | None) -> Split:
         row = labels.index(None)
         raise DataError(f"{path}: column {label_column!r} is empty in row {row + 1}")
     pairs = text_values(table, data.text_pair_column) if data.text_pair_column else None
-    return Split(str(path), text_values(table, data.text_column), pairs, labels)
+    if data.format == "cluewsc":
+        texts = wsc.marked_texts(table, str(path), data.text_column)
+    else:
+        texts = text_values(table, data.text_column)
+    return Split(str(path), texts, pairs, labels)
 
 
 def load_splits(data, read: Callable[[str], Any] | None = None) -> dict[str, Any]:
