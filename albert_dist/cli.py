@@ -132,7 +132,21 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument(
         "--input", required=True, help="CSV, TSV, JSONL or Parquet file: a path or a URI (s3://, gs://, file://)"
     )
-    predict.add_argument("--output", required=True, help="output file; its extension picks the format")
+    predict.add_argument(
+        "--output", required=True, help="output file; its extension picks the format (with --clue: a directory)"
+    )
+    predict.add_argument(
+        "--clue",
+        metavar="TASK",
+        help="--input is CLUE TASK's test file (afqmc, tnews, iflytek, ocnli, cmnli, csl, wsc, cluener, cmrc2018), "
+        "read in this process; its submission file, named and laid out as CLUE's leaderboard takes it, is written "
+        "into the --output directory",
+    )
+    predict.add_argument(
+        "--clue-labels",
+        metavar="LABELS_JSON",
+        help="with --clue tnews or iflytek: the task's labels.json, for a model trained on the label names",
+    )
     predict.add_argument("--text-column", default="text")
     predict.add_argument("--text-pair-column")
     predict.add_argument("--batch-size", type=int, default=64)
@@ -263,6 +277,23 @@ def build_parser() -> argparse.ArgumentParser:
 def _predict(args: argparse.Namespace) -> int:
     from albert_dist.finetune.predict import run_predict
 
+    if args.clue_labels and not args.clue:
+        raise ConfigError("--clue-labels goes with --clue tnews or --clue iflytek")
+    if args.clue:
+        from albert_dist.finetune.clue_submit import write_submission
+
+        write_submission(
+            args.model,
+            args.clue,
+            args.input,
+            args.output,
+            labels_path=args.clue_labels,
+            batch_size=args.batch_size,
+            precision=args.precision,
+            device=args.device,
+            backend=args.backend,
+        )
+        return 0
     rows = run_predict(
         args.model,
         args.input,
