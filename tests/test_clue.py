@@ -21,6 +21,7 @@ from albert_dist.config import load_config
 from albert_dist.errors import DataError
 from albert_dist.finetune import data, inference, wsc
 from albert_dist.finetune.config import FinetuneJobConfig
+from albert_dist.finetune.job import prepare_task_data
 from albert_dist.finetune.predict import run_predict
 from albert_dist.model import (
     AlbertConfig,
@@ -125,7 +126,9 @@ def test_wsc_marks_the_noun_and_the_pronoun_as_clues_baseline_does():
     assert wsc.marked_text("张三他来了", touching, "x") == "_张三_[他]来了"
 
 
-def test_clue_wsc_yaml_reads_cluewsc2020_rows_as_marked_texts(tmp_path):
+def test_clue_wsc_yaml_reads_cluewsc2020_rows_as_marked_texts(tokenizer_dir, tmp_path):
+    """The texts marked, the labels read, and the model fed the marked texts: the markers are pieces of the
+    vocabulary (its base alphabet), not [UNK]."""
     rows = wsc_rows(12, seed=3)
     train = write_lines(tmp_path / "train.json", rows)
     cfg = load_config(FinetuneJobConfig, CONFIGS / "clue_wsc.yaml", [f"data.train={train}", "data.dev="])
@@ -135,6 +138,17 @@ def test_clue_wsc_yaml_reads_cluewsc2020_rows_as_marked_texts(tmp_path):
     assert all(t.count("_") == 2 and t.count("[") == 1 for t in split.texts)
     for text, row in zip(split.texts, rows):
         assert text.replace("_", "").replace("[", "").replace("]", "") == row["text"]
+    cfg = load_config(
+        FinetuneJobConfig, CONFIGS / "clue_wsc.yaml", [f"data.train={train}", "data.dev=", "data.dev_fraction=0.25"]
+    )
+    task_data = prepare_task_data(cfg.data, "classification", tokenizer_dir)
+    assert task_data.label_names == ["true", "false"]
+    arrays = task_data.splits["train"].arrays
+    tokenizer = load_tokenizer(tokenizer_dir)
+    assert tokenizer.unk_id not in tokenizer.convert_tokens_to_ids(["_", "[", "]"])
+    texts = [wsc.marked_text(r["text"], r["target"], "") for r in rows]
+    encoded = {tuple(arrays["input_ids"][i, : arrays["length"][i]]) for i in range(len(arrays["length"]))}
+    assert encoded <= {tuple(tokenizer.build_inputs(tokenizer.encode(t))["input_ids"]) for t in texts}
 
 
 @pytest.mark.parametrize(
@@ -319,3 +333,10 @@ def test_a_cmrc2018_question_without_id_and_a_model_of_another_head_are_refused(
     )
     assert predict_clue(reader, "glue", source, tmp_path / "submit") == 2
     assert "--clue glue: CLUE tasks are afqmc, tnews, iflytek" in capsys.readouterr().err
+    assert predict_clue(reader, "cmrc2018", source, tmp_path / "submit", "--clue-labels", str(source)) == 2
+    assert capsys.readouterr().err == (
+        "albert-dist: error: --clue-labels: CLUE cmrc2018 is scored on the model's labels as they are; leave it out\n"
+    )
+    argv = ["predict", "--model", str(reader), "--input", str(source), "--output", str(tmp_path / "out.jsonl")]
+    assert main([*argv, "--clue-labels", str(source)]) == 2
+    assert capsys.readouterr().err == "albert-dist: error: --clue-labels goes with --clue tnews or --clue iflytek\n"

@@ -100,6 +100,7 @@ def write_submission(
     if head != spec.head or (head == predict.SEQUENCE_HEAD and predict.is_regression(config)):
         raise ConfigError(f"--clue {task} takes {HEAD_NAMES[spec.head]}; {model_dir} is not one")
     codes = label_codes(task, spec, config, labels_path)
+    target = submission_path(output_dir, spec.file)
     rows = read_test(task, spec, str(input_path))
     device = "cpu" if backend == "onnx" and device == "auto" else device
     on_device = predict.local_device(device)
@@ -131,7 +132,6 @@ def write_submission(
             json.dumps(line, ensure_ascii=False) + "\n"
             for line in label_lines(rows.ids, predicted["predicted_label"], codes)
         )
-    target = submission_path(output_dir, spec.file)
     publish_file(target, lambda tmp: tmp.write_text(content, encoding="utf-8"), error=DataError)
     print(f"predicted {len(rows.ids)} rows of {input_path} with {model_dir} → {target} (CLUE {task})")
     return str(target)
@@ -217,12 +217,12 @@ def label_codes(task: str, spec: ClueTask, config, labels_path: str | Path | Non
 
     TNEWS and IFLYTEK are scored on their codes; a model trained on their names (`label_desc` / `label_des`, as
     clue_tnews.yaml and clue_iflytek.yaml train) needs the task's labels.json to write them."""
-    names = [config.id2label[i] for i in range(config.num_labels)]
+    if spec.name_field is None and labels_path:
+        raise ConfigError(f"--clue-labels: CLUE {task} is scored on the model's labels as they are; leave it out")
     if spec.head != predict.SEQUENCE_HEAD:
         return {}
+    names = [config.id2label[i] for i in range(config.num_labels)]
     if spec.name_field is None:
-        if labels_path:
-            raise ConfigError(f"--clue-labels: CLUE {task} is scored on the model's labels as they are; leave it out")
         return {name: {"label": name} for name in names}
     if labels_path is None:
         if all(name.isdigit() for name in names):
