@@ -45,7 +45,6 @@ def timed_steps(task, model, optimizer, batches: list[tuple[int, dict]]) -> tupl
 
 def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
     from albert_dist.data.loading import load_prepared
-    from albert_dist.pretrain.task import SHUFFLE_BUFFER
     from albert_dist.train.feed import rank_batches
 
     data_dir = prepare(root, seq)
@@ -58,7 +57,7 @@ def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
             rank=0,
             world_size=1,
             seed=0,
-            shuffle_buffer=SHUFFLE_BUFFER,
+            shuffle_buffer=2048,
         )
     )
     batches = list(enumerate(islice(rows, 1 + args.rounds * args.steps)))

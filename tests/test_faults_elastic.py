@@ -43,7 +43,7 @@ def checkpoint_steps(storage: Path) -> list[int]:
 @dataclass(frozen=True)
 class RecordingTask(TaskSpec):
     """test_loop's KeywordTask (without dropout: the same global batches give the same training on any number of
-    workers) reading its rows' ids from a Ray dataset through the feed's slots, and writing what each worker
+    workers) reading its rows' ids (a Ray dataset, read whole) through the feed's seek, and writing what each worker
     trained to ROOT/trained-<pid> as [workers, epoch, global batch, slot, ids]. With `paced`, the run is held
     where the faults must land, however fast the machine: the first two workers wait at step DRAIN_AT_STEP for
     the drain notice (ROOT/noticed), then train 0.25 s a step until their checkpoint exists and wait there to be
@@ -54,10 +54,11 @@ class RecordingTask(TaskSpec):
     paced: bool
 
     def build(self, rank, world_size, dataset):
+        import numpy as np
         import torch
         from test_loop import KeywordTask
 
-        from albert_dist.train.feed import slot_batches, slot_range
+        from albert_dist.train.feed import EpochOrder, slot_batches, slot_range
 
         root, storage = Path(self.root), Path(self.root) / "ray"
         slots = slot_range(rank, world_size, SLOTS)
@@ -78,8 +79,17 @@ class RecordingTask(TaskSpec):
                 return model
 
             def train_batches(self, epoch, phase=0):
+                return self.train_batches_from(epoch, phase, 0)
+
+            def train_batches_from(self, epoch, phase, start):
+                stored = np.concatenate([b["id"] for b in dataset("train").iter_batches(batch_format="numpy")])
                 rows = slot_batches(
-                    dataset("train"), batch_size=BATCH, slots=slots, slot_count=SLOTS, seed=epoch, shuffle_buffer=64
+                    lambda first, stop: {"id": stored[first:stop]},
+                    EpochOrder(ROWS, seed=0, epoch=epoch, window=64),
+                    batch_size=BATCH,
+                    slots=slots,
+                    slot_count=SLOTS,
+                    start=start,
                 )
                 for index, slot, part in rows:
                     ids = torch.as_tensor(part["id"])

@@ -1,7 +1,8 @@
 """The prepared dataset's format and where a job finds it, and reading it back: manifest, tokenizer
 (checksum-verified), Ray Datasets. `data prepare` (albert_dist/data/prepare.py) writes what this module reads.
 
-Per-rank batching for training lives in `albert_dist.train.feed` (exact resume needs a fixed batch order).
+Per-rank batching for training lives in `albert_dist.train.feed` (exact resume needs a fixed batch order); it
+reads the training splits by row number (`SplitRows`), the held-out split through Ray Data.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.fs as pafs
 
 from albert_dist.data.masking import MaskingCollator
@@ -91,6 +93,13 @@ class PreparedData:
         if self.eval is not None:
             splits["eval"] = self.eval
         return {name: dataset.materialize() for name, dataset in splits.items()} if in_memory else splits
+
+    def held_out(self, in_memory: bool) -> dict[str, Any]:
+        """What training reads through Ray Data: the "eval" split when there is one, read once into Ray's object
+        store when `in_memory`. The training splits are read by row number on the workers (`SplitRows`)."""
+        if self.eval is None:
+            return {}
+        return {"eval": self.eval.materialize() if in_memory else self.eval}
 
     def fits_in_memory(self, cache: str = "auto") -> bool:
         """Whether to keep the data in Ray's object store for training: `cache` "memory" or "stream", or "auto":
@@ -195,10 +204,51 @@ def prepared_location(cfg, output: str | None = None) -> str:
     return str(join_location(cfg.run.output_dir, *Path(output).parts))
 
 
-def load_prepared(location: str | Path) -> PreparedData:
-    """Open a prepared dataset (a local directory or a URI) written by `prepare_dataset`."""
-    location = str(location)
-    fs, root = filesystem(location)
+class SplitRows:
+    """One split of a prepared dataset by stored row number (instance-id order), read straight from its Parquet
+    shards: `read` opens only the shards, and decodes only the row groups, that hold the rows asked for. The
+    training feed (`train.feed.slot_batches`) reads through it, so a resumed run seeks to its position."""
+
+    def __init__(self, location: str | Path, split: str = "train"):
+        self.fs, root = filesystem(str(location))
+        shards = read_manifest(self.fs, root, str(location))["splits"][split]["shards"]
+        self.paths = [f"{root}/{shard['path']}" for shard in shards]
+        self.starts = np.concatenate([[0], np.cumsum([int(shard["rows"]) for shard in shards])])
+        self.rows = int(self.starts[-1])
+        self._files: dict[int, tuple[Any, np.ndarray]] = {}  # shard → its reader and its row groups' first rows
+
+    def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Stored rows [start, stop) as columns: numbers, or object arrays of 1-D arrays for list columns (what Ray
+        Data's numpy batches hold)."""
+        import pyarrow as pa
+
+        pieces = []
+        first_shard = int(np.searchsorted(self.starts, start, side="right")) - 1
+        for shard in range(first_shard, int(np.searchsorted(self.starts, stop, side="left"))):
+            parquet, group_starts = self._file(shard)
+            offset = self.starts[shard]
+            lo, hi = max(start, offset) - offset, min(stop, self.starts[shard + 1]) - offset
+            groups = range(
+                int(np.searchsorted(group_starts, lo, side="right")) - 1,
+                int(np.searchsorted(group_starts, hi, side="left")),
+            )
+            table = parquet.read_row_groups(list(groups))
+            pieces.append(table.slice(lo - group_starts[groups.start], hi - lo))
+        table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+        return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+
+    def _file(self, shard: int):
+        import pyarrow.parquet as pq
+
+        if shard not in self._files:
+            parquet = pq.ParquetFile(self.fs.open_input_file(self.paths[shard]))
+            sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+            self._files[shard] = parquet, np.concatenate([[0], np.cumsum(sizes)])
+        return self._files[shard]
+
+
+def read_manifest(fs: pafs.FileSystem, root: str, location: str) -> dict[str, Any]:
+    """The manifest of the prepared dataset at `location` (`root` inside `fs`), refused when missing or corrupt."""
     try:
         with fs.open_input_stream(f"{root}/{MANIFEST}") as f:
             manifest = json.loads(f.read().decode("utf-8"))
@@ -208,6 +258,14 @@ def load_prepared(location: str | Path) -> PreparedData:
         ) from None
     except json.JSONDecodeError as err:
         raise DataError(f"{location}/{MANIFEST} is corrupt: {err}") from None
+    return manifest
+
+
+def load_prepared(location: str | Path) -> PreparedData:
+    """Open a prepared dataset (a local directory or a URI) written by `prepare_dataset`."""
+    location = str(location)
+    fs, root = filesystem(location)
+    manifest = read_manifest(fs, root, location)
     if manifest.get("format_version") != FORMAT_VERSION:
         raise DataError(
             f"{location} has dataset format {manifest.get('format_version')}, this version reads "

@@ -112,7 +112,7 @@ def plan(cfg: PretrainJobConfig) -> Plan:
         data_digest=data_digest(prepared, phases),
         stage=stage,
         inputs={"in_memory": in_memory},
-        datasets=lambda: prepared.for_training(in_memory, [phase.prepared for phase in phases]),
+        datasets=lambda: prepared.held_out(in_memory),
         params={
             "model.num_parameters": n_params,
             "world_size": cfg.scaling.worker_range[1],
@@ -122,8 +122,8 @@ def plan(cfg: PretrainJobConfig) -> Plan:
         banner=[
             f"pretraining {cfg.model.preset} ({n_params / 1e6:.1f}M parameters) on {workers(cfg.scaling)}, "
             f"{cfg.train.precision}",
-            f"data: {prepared.rows('train')} training instances, "
-            + ("read once into Ray's object store" if in_memory else "streamed from Parquet every epoch")
+            f"data: {prepared.rows('train')} training instances read by position from Parquet, held-out ones "
+            + ("read once into Ray's object store" if in_memory else "streamed from Parquet at each evaluation")
             + f" (data.cache={cfg.data.cache})",
             *(f"phase {number}/{len(phases)}: {phase.describe()}" for number, phase in enumerate(phases, 1)),
         ],
@@ -164,7 +164,7 @@ def pretraining_spec(
         init_from=cfg.model.init_from,
         plateau_warning_after=cfg.train.plateau_warning_after,
         packing=cfg.data.packing,
-        phases=tuple(PhaseSpec(f"train_{i}", p.steps, p.batch_size, p.max_seq_length) for i, p in enumerate(phases)),
+        phases=tuple(PhaseSpec(p.prepared.location, p.steps, p.batch_size, p.max_seq_length) for p in phases),
         slots=cfg.scaling.worker_range[1],
     )
 

@@ -18,18 +18,17 @@ import torch
 from albert_dist.data.config import MaskingSection
 from albert_dist.data.masking import IGNORE_INDEX
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
-from albert_dist.train.feed import rank_batches, slot_batches, slot_range
+from albert_dist.train.feed import EpochOrder, rank_batches, slot_batches, slot_range
 from albert_dist.train.loop import TaskSpec, TrainingTask
 
-SHUFFLE_BUFFER = 2048
 EVAL_MASK_STREAM = 7919  # seeds the held-out masks apart from any training batch's
 
 
 @dataclass(frozen=True)
 class PhaseSpec:
-    """What a worker reads in one training phase: its dataset's name, batch size and sequence length."""
+    """What a worker reads in one training phase: its prepared data's location, batch size and sequence length."""
 
-    split: str
+    prepared_dir: str
     steps: int
     batch_size: int
     max_seq_length: int
@@ -83,6 +82,7 @@ class PretrainingTask(TrainingTask):
         # Each of them shows [MASK], as fill-mask is measured elsewhere: a token left visible is scored by copying
         self.eval_collator = MaskingCollator.from_manifest(spec.manifest, mask_all=True)
         self._tokenizer = None
+        self._splits: dict[int, Any] = {}
 
     def build_model(self) -> torch.nn.Module:
         if self.spec.init_from:
@@ -156,21 +156,35 @@ class PretrainingTask(TrainingTask):
         """Phase `index` (without phases: data.output's, for all the steps)."""
         if self.spec.phases:
             return self.spec.phases[index]
-        return PhaseSpec("train", 0, self.spec.batch_size, self.spec.max_seq_length)
+        return PhaseSpec(self.spec.prepared_dir, 0, self.spec.batch_size, self.spec.max_seq_length)
 
     def train_batches(self, epoch, phase=0):
+        return self.train_batches_from(epoch, phase, 0)
+
+    def train_batches_from(self, epoch, phase, start):
+        """This rank's micro-batches of `epoch` from global micro-batch `start` on, read straight from the phase's
+        Parquet shards in the epoch's seeded order (`train.feed.EpochOrder`): a resumed run reads and masks none
+        of the micro-batches it had trained on."""
         from albert_dist.data.masking import batch_rng
 
-        seed, spec = self.spec.seed, self.phase(phase)
+        seed, spec, split = self.spec.seed, self.phase(phase), self.split_rows(phase)
         for index, slot, rows in slot_batches(
-            self.dataset(spec.split),
+            split.read,
+            EpochOrder(split.rows, seed, epoch),
             batch_size=spec.batch_size,
             slots=self.slots,
             slot_count=self.slot_count,
-            seed=seed + epoch,
-            shuffle_buffer=SHUFFLE_BUFFER,
+            start=start,
         ):
             yield self.collate(rows, batch_rng(seed, epoch, slot, index), spec.max_seq_length)
+
+    def split_rows(self, phase: int):
+        """The training split of `phase`, opened once (its shards' footers are read once per worker)."""
+        from albert_dist.data.loading import SplitRows
+
+        if phase not in self._splits:
+            self._splits[phase] = SplitRows(self.phase(phase).prepared_dir)
+        return self._splits[phase]
 
     def eval_batches(self):
         """The first `eval_batches × batch_size` held-out sequences (whatever the number of workers, when it

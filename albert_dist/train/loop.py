@@ -63,6 +63,12 @@ class TrainingTask(ABC):
         """This rank's micro-batches for `epoch` of `phase` (an index into `phases()`; 0 for a task with one
         phase), in the same order every time (for exact resume): `slots_held` from each global micro-batch."""
 
+    def train_batches_from(self, epoch: int, phase: int, start: int) -> Iterable[Batch]:
+        """`train_batches(epoch, phase)` from global micro-batch `start` on. This default makes the skipped
+        batches and drops them; a task whose epoch order can seek (pretraining's `train.feed.slot_batches`)
+        starts there instead."""
+        return itertools.islice(self.train_batches(epoch, phase), start * self.slots_held, None)
+
     @abstractmethod
     def eval_batches(self) -> Iterable[Batch]:
         """This rank's share of the evaluation data."""
@@ -313,16 +319,14 @@ class Trainer:
             )
 
     def _micro_batches(self) -> Iterator[Batch]:
-        """The current phase's micro-batches across epochs, starting at the saved position (already-trained
-        batches are skipped). The position counts global micro-batches, whatever this rank's share of each."""
+        """The current phase's micro-batches across epochs, starting at the saved position (`train_batches_from`).
+        The position counts global micro-batches, whatever this rank's share of each."""
         pos, held = self.position, self.task.slots_held
         while True:
-            produced, resume_at = False, pos.batch_in_epoch
-            for index, batch in enumerate(self.task.train_batches(pos.epoch, pos.phase)):
+            produced, resume_at = pos.batch_in_epoch > 0, pos.batch_in_epoch
+            for index, batch in enumerate(self.task.train_batches_from(pos.epoch, pos.phase, resume_at)):
                 produced = True
-                if index // held < resume_at:
-                    continue
-                pos.batch_in_epoch = index // held + 1
+                pos.batch_in_epoch = resume_at + index // held + 1
                 yield batch
             if not produced:
                 raise RuntimeError(

@@ -1,0 +1,150 @@
+"""The training feed's epoch order and its seek: which rows each position holds, that a resumed run reads only the
+windows from its position on (and each rank only those of its own slots), that the Parquet shards are read by row
+number, and that the loop resumes through the seek to the same weights, bit for bit, as a run never stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from test_loop import Checkpoints, KeywordTask, settings, weights
+
+from albert_dist.data.loading import SplitRows
+from albert_dist.train.feed import EpochOrder, slot_batches, slot_range
+from albert_dist.train.loop import Trainer, WorkerEnv
+
+
+class CountingRows:
+    """Stored rows 0..rows-1 as an `id` column, recording every range read."""
+
+    def __init__(self, rows: int):
+        self.rows, self.reads = rows, []
+
+    def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        self.reads.append((start, stop))
+        return {"id": np.arange(start, stop)}
+
+    def rows_read(self) -> set[int]:
+        return {row for start, stop in self.reads for row in range(start, stop)}
+
+
+def test_an_epoch_is_a_permutation_of_every_row_new_each_epoch_and_the_same_for_the_same_seed():
+    rows, window = 1000, 64  # the last window is partial (1000 = 15 x 64 + 40)
+    first = EpochOrder(rows, seed=3, epoch=0, window=window).take(0, rows)
+    assert sorted(first.tolist()) == list(range(rows))
+    assert np.array_equal(first, EpochOrder(rows, seed=3, epoch=0, window=window).take(0, rows))
+    assert not np.array_equal(first, EpochOrder(rows, seed=3, epoch=1, window=window).take(0, rows))
+    assert not np.array_equal(first, EpochOrder(rows, seed=4, epoch=0, window=window).take(0, rows))
+    order = EpochOrder(rows, seed=3, epoch=0, window=window)
+    for start, stop in np.random.default_rng(0).integers(0, rows, (50, 2)):
+        start, stop = sorted((int(start), int(stop)))
+        assert np.array_equal(order.take(start, stop), first[start:stop])  # any position, without the ones before
+    # each window's rows take consecutive positions, shuffled inside: a window is read once and let go
+    spans = [set((first[a:b] // window).tolist()) for a, b in zip(order.starts[:-1], order.starts[1:])]
+    assert all(len(span) == 1 for span in spans) and len({s.pop() for s in spans}) == len(spans)
+    assert not np.array_equal(np.sort(first[:window]), first[:window])
+
+
+def test_a_resume_mid_epoch_reads_only_the_windows_from_its_position_and_trains_the_same_micro_batches():
+    rows, window, batch, slots = 512, 16, 8, 2  # 32 global batches of 16 rows, 32 windows
+    order = EpochOrder(rows, seed=0, epoch=2, window=window)
+    whole = CountingRows(rows)
+    full = [
+        (i, s, r["id"].tolist())
+        for i, s, r in slot_batches(whole.read, order, batch_size=batch, slots=range(2), slot_count=slots)
+    ]
+    assert len(full) == rows // batch and len(whole.rows_read()) == rows
+    for start in (3, 16, 29):
+        resumed = CountingRows(rows)
+        tail = [
+            (i, s, r["id"].tolist())
+            for i, s, r in slot_batches(
+                resumed.read, order, batch_size=batch, slots=range(2), slot_count=slots, start=start
+            )
+        ]
+        assert tail == full[start * slots :]
+        trained_before = set(order.take(0, start * batch * slots).tolist())
+        assert not resumed.rows_read() & trained_before  # no skipped row is read, none masked
+        assert len(resumed.rows_read()) == rows - start * batch * slots
+
+
+def test_each_rank_reads_only_the_windows_of_its_own_slots():
+    rows, window, batch, slots = 256, 8, 8, 2
+    order = EpochOrder(rows, seed=1, epoch=0, window=window)
+    read = []
+    for rank in range(2):
+        source = CountingRows(rows)
+        ids = [
+            r["id"]
+            for _, _, r in slot_batches(
+                source.read, order, batch_size=batch, slots=slot_range(rank, 2, slots), slot_count=slots
+            )
+        ]
+        assert source.rows_read() == set(np.concatenate(ids).tolist())
+        read.append(source.rows_read())
+    assert not read[0] & read[1] and len(read[0] | read[1]) == rows  # disjoint shares, every row once
+
+
+def test_split_rows_reads_any_row_range_across_shards_and_row_groups(tmp_path):
+    ids, shards, start = np.arange(700), [], 0
+    (tmp_path / "train").mkdir()
+    for number, count in enumerate((300, 250, 150)):
+        part = ids[start : start + count]
+        table = pa.table({"instance_id": part, "input_ids": [list(range(i % 7 + 1)) for i in part]})
+        pq.write_table(table, tmp_path / "train" / f"part-{number}.parquet", row_group_size=64)
+        shards.append({"path": f"train/part-{number}.parquet", "rows": count})
+        start += count
+    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": {"rows": 700, "shards": shards}}}))
+    split = SplitRows(tmp_path)
+    assert split.rows == 700
+    for lo, hi in [(0, 700), (0, 1), (299, 301), (64, 128), (290, 560), (699, 700)]:
+        rows = split.read(lo, hi)
+        assert rows["instance_id"].tolist() == list(range(lo, hi))
+        assert [len(r) for r in rows["input_ids"]] == [i % 7 + 1 for i in range(lo, hi)]
+
+
+class SeekingTask(KeywordTask):
+    """test_loop's task reading its rows through the feed's seek: (epoch, start, rows read) of each epoch begun."""
+
+    slot_count = 2
+    slots_held = 2
+
+    def __init__(self):
+        super().__init__()
+        self.epochs: list[tuple[int, int, CountingRows]] = []
+
+    def train_batches(self, epoch, phase=0):
+        return self.train_batches_from(epoch, phase, 0)
+
+    def train_batches_from(self, epoch, phase, start):
+        source = CountingRows(224)
+        self.epochs.append((epoch, start, source))
+        order = EpochOrder(224, seed=5, epoch=epoch, window=32)
+        for _, _, rows in slot_batches(source.read, order, batch_size=8, slots=range(2), slot_count=2, start=start):
+            ids = torch.as_tensor(rows["id"])
+            yield {
+                "input_ids": self.x[ids],
+                "attention_mask": torch.ones(len(ids), 16, dtype=torch.long),
+                "labels": self.y[ids],
+            }
+
+
+def test_the_loop_resumes_through_the_seek_to_the_same_weights(tmp_path: Path):
+    """14 global batches of 16 rows an epoch: step 10 (one global batch a step) is epoch 0's batch 10."""
+    short = settings(max_steps=20, checkpoint_every=10, eval_every=20, log_every=10)
+    full = Trainer(SeekingTask(), short, WorkerEnv(report=Checkpoints(tmp_path)))
+    full.fit()
+    task = SeekingTask()
+    resumed = Trainer(task, short, WorkerEnv(resume_dir=tmp_path / "step10", print_fn=lambda s: None))
+    assert (resumed.position.epoch, resumed.position.batch_in_epoch) == (0, 10)
+    resumed.fit()
+    for (name, a), b in zip(weights(full).items(), weights(resumed).values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    assert [(epoch, start) for epoch, start, _ in task.epochs] == [(0, 10), (1, 0)]
+    trained_before = set(EpochOrder(224, seed=5, epoch=0, window=32).take(0, 10 * 16).tolist())
+    read = task.epochs[0][2].rows_read()
+    assert not read & trained_before and len(read) == 224 - 10 * 16
