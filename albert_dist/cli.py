@@ -21,7 +21,11 @@ _RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML job config (embedded defaults when omitted)")
+    parser.add_argument(
+        "--config",
+        help="YAML job config: a file, or the name of a config shipped in the package (albert-dist config list); "
+        "embedded defaults when omitted",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -101,12 +105,57 @@ def _tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    import albert_dist
+
+    return albert_dist.__version__
+
+
+def _add_config_commands(commands) -> None:
+    from albert_dist import catalog
+
+    config = commands.add_parser(
+        "config", help="the job configs shipped in the package, and each job's config schema"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    config.add_parser("list", help="the packaged configs: NAME and what it is for").set_defaults(
+        handler=lambda a: print("\n".join(f"{name:<16} {about}" for name, about in catalog.listing())) or 0
+    )
+    show = config.add_parser("show", help="print a packaged config (or a YAML file)")
+    show.add_argument("name")
+    show.set_defaults(handler=lambda a: print(catalog.show(a.name), end="") or 0)
+    init = config.add_parser("init", help="copy a packaged config to PATH (a file or a directory) to edit it")
+    init.add_argument("name")
+    init.add_argument("path")
+    init.add_argument("--force", action="store_true", help="replace an existing file")
+    init.set_defaults(handler=lambda a: print(f"wrote {catalog.init(a.name, a.path, a.force)}") or 0)
+    schema = config.add_parser(
+        "schema", help="the JSON schema of a job's config (for editors: yaml-language-server's $schema)"
+    )
+    schema.add_argument("job", choices=JOBS, help="the job, as `albert-dist submit` names it")
+    schema.add_argument("--output", help="write it to this file (default: print it)")
+    schema.set_defaults(handler=_config_schema)
+
+
+def _config_schema(args: argparse.Namespace) -> int:
+    from albert_dist.catalog import schema_text
+    from albert_dist.storage import publish_text
+
+    text = schema_text(args.job)
+    if args.output:
+        print(f"wrote {publish_text(args.output, text)}")
+    else:
+        print(text, end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="albert-dist", description="Pretrain, fine-tune and distill ALBERT models on Ray, tracked in MLflow."
     )
     _add_verbose_flag(parser)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_config_commands(commands)
 
     tok = commands.add_parser("tokenizer", help="train a SentencePiece tokenizer").add_subparsers(
         dest="action", required=True, metavar="ACTION"
@@ -229,6 +278,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(handler=_export)
 
+    push = commands.add_parser(
+        "push",
+        help="upload a model directory or an export to the Hugging Face Hub",
+        description="Uploads every file of --model (its model card's snippets naming --repo) in one commit, creating "
+        "the repo if needed. The token: $HF_TOKEN, else huggingface_hub's login; $HF_ENDPOINT names another Hub. "
+        "See docs/hub.md.",
+    )
+    push.add_argument("--model", required=True, help="a model directory a job published, or an export")
+    push.add_argument("--repo", required=True, help="the Hub repo id, org/name")
+    push.add_argument("--private", action="store_true", help="create the repo private")
+    push.add_argument("--dry-run", action="store_true", help="print what would be uploaded; contact no Hub")
+    push.set_defaults(handler=_push)
+
     from albert_dist.cluster import submit as jobs_client
 
     address_help = "Ray dashboard URL, e.g. http://127.0.0.1:8265 (default $RAY_ADDRESS)"
@@ -343,6 +405,18 @@ def _export(args: argparse.Namespace) -> int:
         dev=dev,
         tracking_uri=args.tracking_uri,
     )
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from albert_dist.hub.push import plan_push, push
+
+    plan = plan_push(args.model, args.repo, private=args.private)
+    print("\n".join(plan.lines()))
+    if args.dry_run:
+        print("dry run: nothing uploaded")
+    else:
+        print(f"pushed: {push(plan)}")
     return 0
 
 

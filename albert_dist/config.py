@@ -220,6 +220,11 @@ class TrackingSection(Section):
     )
     experiment: str = "albert-dist"
     register_model: str | None = Field(None, description="Registered model name; empty = do not register.")
+    system_metrics: bool = Field(
+        True,
+        description="Log MLflow's system metrics (system/: CPU, memory, disk, network, GPU) of the driver's node "
+        "every $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds (default 10) while the run lasts.",
+    )
 
     def resolved_uri(self, output_dir: str) -> str:
         if self.tracking_uri:
@@ -266,39 +271,82 @@ def without_credentials(value: str | None) -> str | None:
     return value
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `a.b.c=value` strings to a nested dict; values are parsed as YAML scalars (`1e-4`, `true`, `[1, 2]`)."""
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any]) -> dict[str, Any]:
+    """Apply `a.b.c=value` strings to a nested dict, their values parsed as YAML scalars (`1e-4`, `true`,
+    `[1, 2]`); or a dict of `a.b.c` keys, its values taken as they are."""
+    if isinstance(overrides, dict):
+        for key, value in overrides.items():
+            _set_dotted(raw, str(key), value, f"{key}={value!r}")
+        return raw
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not of the form section.field=value")
-        node = raw
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a section")
-            node = child
         try:
-            node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+            parsed = yaml.safe_load(value) if value.strip() else None
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({err})") from None
+        _set_dotted(raw, key, parsed, item)
     return raw
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any, item: str) -> None:
+    if not key.strip():
+        raise ConfigError(f"override {item!r} is not of the form section.field=value")
+    node = raw
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
-def load_config(cls: type[ConfigT], path: str | Path | None = None, overrides: list[str] | None = None) -> ConfigT:
-    """Read YAML (or embedded defaults when `path` is None), apply overrides and validate into `cls`."""
+#: The job configs shipped in the package (package data), found by name: `--config pretrain_zh`.
+PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def packaged_configs() -> dict[str, Path]:
+    """Name (the file's stem) → path of every config shipped in the package."""
+    return {path.stem: path for path in sorted(PACKAGED_CONFIGS.glob("*.yaml"))}
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """The YAML file `name_or_path` names: an existing file, else the packaged config of that name (with or
+    without `.yaml`). A file wins over a packaged config of the same name."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    packaged = packaged_configs()
+    if path.parent == Path(".") and path.name.removesuffix(".yaml") in packaged:
+        return packaged[path.name.removesuffix(".yaml")]
+    raise ConfigError(
+        f"config file not found: {name_or_path} (nor a packaged config of that name: {', '.join(packaged)}; "
+        "see albert-dist config list)"
+    )
+
+
+ConfigSource = str | Path | dict[str, Any] | BaseModel | None
+Overrides = list[str] | dict[str, Any] | None
+
+
+def load_config(cls: type[ConfigT], path: ConfigSource = None, overrides: Overrides = None) -> ConfigT:
+    """Validate into `cls` a config given as a YAML file or a packaged config's name (`config_path`), a dict of
+    sections, a config object, or None (the embedded defaults), with `overrides` applied over it."""
     raw: dict[str, Any] = {}
     source = "defaults"
-    if path is not None:
+    if isinstance(path, BaseModel):
+        raw, source = path.model_dump(), type(path).__name__
+    elif isinstance(path, dict):
+        raw, source = copy.deepcopy(path), "dict"
+    elif path is not None:
         source = str(path)
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
+            text = config_path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
             raise ConfigError(f"{path} is not UTF-8 text: {err}") from None
         try:

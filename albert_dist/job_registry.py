@@ -31,6 +31,9 @@ class Job:
     config: str  # "module:Class" of the job's config
     declaration: str  # "module:NAME" of the job's declaration (a TrainingJob or a Command)
     help: str
+    # "module:function" of what returns the job's outcome (the Python API's answer) for a `Command`; a
+    # `TrainingJob`'s is its `run`
+    outcome: str | None = None
 
     def config_class(self) -> type:
         return _attribute(self.config)
@@ -38,6 +41,10 @@ class Job:
     def load(self):
         """The job's declaration: `main(cfg)` (and, for a training job, `run(cfg)`)."""
         return _attribute(self.declaration)
+
+    def run(self, cfg) -> Any:
+        """Run the job on its validated config `cfg` and return its outcome rather than an exit status."""
+        return _attribute(self.outcome)(cfg) if self.outcome else self.load().run(cfg)
 
 
 def _attribute(path: str):
@@ -57,6 +64,7 @@ JOBS = {
             "albert_dist.data.config:DataJobConfig",
             "albert_dist.data.prepare:PREPARE_DATA",
             "read, split, tokenize and write SOP instances as Parquet shards",
+            "albert_dist.data.prepare:prepare_dataset",
         ),
         Job(
             "pretrain",
@@ -71,6 +79,7 @@ JOBS = {
             "albert_dist.pretrain.config:LrRangeJobConfig",
             "albert_dist.pretrain.lr_range:LR_RANGE",
             "learning-rate range test on a pretraining job's data and model; suggests train.learning_rate",
+            "albert_dist.pretrain.lr_range:lr_range_test",
         ),
         Job(
             "finetune",
@@ -92,6 +101,7 @@ JOBS = {
             "albert_dist.tune.config:FinetuneTuneConfig",
             "albert_dist.tune.sweep:FINETUNE_SWEEP",
             "sweep finetune hyperparameters (resumes an interrupted sweep)",
+            "albert_dist.tune.sweep:run_sweep",
         ),
         Job(
             "tune-distill",
@@ -99,6 +109,7 @@ JOBS = {
             "albert_dist.tune.config:DistillTuneConfig",
             "albert_dist.tune.sweep:DISTILL_SWEEP",
             "sweep distill hyperparameters (resumes an interrupted sweep)",
+            "albert_dist.tune.sweep:run_sweep",
         ),
         Job(
             "demo",
@@ -106,6 +117,7 @@ JOBS = {
             "albert_dist.demo.config:DemoJobConfig",
             "albert_dist.demo.job:DEMO",
             "the whole pipeline on a small corpus of Python docstrings, end to end",
+            "albert_dist.demo.job:run_demo",
         ),
     ]
 }

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from test_jobs_entrypoints import config_class
 
-from albert_dist.config import load_config
+from albert_dist.config import PACKAGED_CONFIGS, config_path, load_config
 from albert_dist.job_registry import JOBS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def test_rayjob():
     runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
     assert runtime_env["env_vars"]["ALBERT_DIST_HOME"].startswith("/mnt/shared")
     ray_cluster_spec(spec["rayClusterSpec"])
-    assert spec["entrypoint"] == "python -m albert_dist.cli pretrain --config albert_dist/configs/pretrain_base.yaml"
+    assert spec["entrypoint"] == "python -m albert_dist.cli pretrain --config pretrain_base"
 
 
 def expand(text: str) -> list[str]:
@@ -100,8 +100,9 @@ def test_named_entry_points_exist_and_their_configs_validate(command, monkeypatc
     monkeypatch.chdir(REPO)
     *words, flag, config = shlex.split(command)[3:]
     assert tuple(words) in [job.command for job in JOBS.values()] and flag == "--config"
-    assert (REPO / config).is_file(), config
-    load_config(config_class(Path(config).stem), REPO / config)
+    path = config_path(config)  # a packaged config's name: the cluster's installed package has it
+    assert path.is_relative_to(PACKAGED_CONFIGS), config
+    load_config(config_class(path.stem), config)
     help_text = subprocess.run(
         [sys.executable, "-m", "albert_dist.cli", *words, "--help"],
         cwd=REPO,

@@ -63,6 +63,8 @@ def violations(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
     """Every import that goes up a layer or across rooms of one layer (above the foundation)."""
     found = []
     for importer, imported in graph.items():
+        if importer == "albert_dist":  # the package's `__init__`: the API's names, above every layer
+            continue
         for target in imported:
             here, there = room(importer), room(target)
             if here == there:

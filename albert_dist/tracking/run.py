@@ -288,6 +288,7 @@ class RunTarget:
     run_dir: Path | str
     name: str
     register_as: str | None = None
+    system_metrics: bool = False  # tracking.system_metrics
 
 
 @contextlib.contextmanager
@@ -308,10 +309,12 @@ def job_run(
             target.uri, target.experiment, target.run_dir, target.name, tags={JOB_TAG: job, **(tags or {})}
         )
     run = JobRun(target.uri, run_id, target.register_as)
+    monitor = system_metrics_monitor(target.uri, run_id) if target.system_metrics else contextlib.nullcontext()
     try:
         run.log_params(params)
         run.log_text(config_yaml, f"config/{job.replace('-', '_')}.yaml")
-        yield run
+        with monitor:
+            yield run
         run.end("FINISHED")
     except BaseException as err:
         # Ctrl-C (SIGINT) is the user stopping the job: MLflow's KILLED; anything else FAILED
@@ -324,6 +327,24 @@ def job_run(
             ) from err
         err.add_note(f"the model is saved at {run.model_location}; {marked}")
         raise
+
+
+@contextlib.contextmanager
+def system_metrics_monitor(tracking_uri: str, run_id: str) -> Iterator[None]:
+    """MLflow's system metrics (system/cpu_utilization_percentage, system/system_memory_usage_megabytes, disk,
+    network, and the GPUs' where NVML or ROCm answers) of this node, logged into the run every
+    $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds (default 10) while the block runs; a relaunch goes on from the
+    run's last step. The run is opened with MLflow's client, not `mlflow.start_run(log_system_metrics=True)`, hence
+    MLflow's monitor by hand; it stops (logging nothing more) once the run is no longer RUNNING."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    quiet_mlflow()
+    monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=tracking_uri)
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
 
 
 def log_artifacts(tracking_uri: str, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:

@@ -84,6 +84,7 @@ def run_target(settings, run_dir: Path | str | None = None, name: str | None = N
         run_dir=run_dir or settings.run.locate(),
         name=name or settings.run.name,
         register_as=settings.tracking.register_model,
+        system_metrics=settings.tracking.system_metrics,
     )
 
 
