@@ -41,7 +41,7 @@ ID_COLUMNS = ("id", "idx")
 
 @dataclass(frozen=True)
 class ClueTask:
-    """One CLUE task's submission: its file, what reads the test rows and which head predicts them."""
+    """One CLUE task's submission: its file, the columns of its test rows (JSON lines) and which head predicts them."""
 
     file: str
     text: str = "sentence"
@@ -61,7 +61,7 @@ TASKS = {
     "csl": ClueTask("csl_predict.json", "keyword", "abst"),
     "wsc": ClueTask("cluewsc11_predict.json", "text"),
     "cluener": ClueTask("cluener_predict.json", "text", head=predict.TOKEN_HEAD),
-    "cmrc2018": ClueTask("cmrc2018_predict.json", "question", "context", head=predict.QUESTION_HEAD),
+    "cmrc2018": ClueTask("cmrc2018_predict.json", head=predict.QUESTION_HEAD),  # SQuAD's layout: qa_data reads it
 }
 HEAD_NAMES = {
     predict.SEQUENCE_HEAD: "a sentence classifier",
@@ -71,7 +71,7 @@ HEAD_NAMES = {
 
 
 @dataclass
-class TestRows:
+class ClueRows:
     """A test file's ids in its order, and the texts (and pair texts) the model reads."""
 
     ids: list[Any]
@@ -154,19 +154,19 @@ def submission_path(output_dir: str | Path, name: str) -> str | Path:
     return directory / name
 
 
-def read_test(task: str, spec: ClueTask, path: str) -> TestRows:
+def read_test(task: str, spec: ClueTask, path: str) -> ClueRows:
     """The test file's ids and texts: JSON lines of the task's columns (WSC's with its spans marked), or
     CMRC2018's SQuAD layout."""
     if spec.head == predict.QUESTION_HEAD:
         split = qa_data.read_questions(path)
-        return TestRows(question_ids(path), split.questions, split.contexts)
+        return ClueRows(question_ids(path), split.questions, split.contexts)
     table = data.read_table(path, "jsonl")
     ids = row_ids(table, path)
     if task == "wsc":
-        return TestRows(ids, wsc.marked_texts(table, path, spec.text), None)
+        return ClueRows(ids, wsc.marked_texts(table, path, spec.text), None)
     data.require_columns(table, f"{path} (CLUE {task})", text_column=spec.text, text_pair_column=spec.pair)
     pairs = data.text_values(table, spec.pair) if spec.pair else None
-    return TestRows(ids, data.text_values(table, spec.text), pairs)
+    return ClueRows(ids, data.text_values(table, spec.text), pairs)
 
 
 def row_ids(table, path: str) -> list[Any]:
