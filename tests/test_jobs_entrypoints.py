@@ -193,18 +193,20 @@ def test_auth_header_from_token_or_token_file(tmp_path):
         jobs_client.auth_headers({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")})
 
 
-def test_entrypoint_names_the_config_inside_the_checkout(tmp_path):
-    command = jobs_client.entrypoint(
-        ["pretrain"], str(CONFIGS / "pretrain_tiny.yaml"), ["train.max_steps=5", "run.name=a b"]
-    )
+def test_entrypoint_names_the_config_as_the_job_receives_it(tmp_path):
+    """A packaged config by its name (the package travels with the job); a file by its place in the job's
+    working_dir; neither a name nor a file is one error naming the packaged configs."""
+    command = jobs_client.entrypoint(["pretrain"], "pretrain_tiny", ["train.max_steps=5", "run.name=a b"])
     assert command == (
-        "python -m albert_dist.cli pretrain --config albert_dist/configs/pretrain_tiny.yaml --set train.max_steps=5 "
-        "--set 'run.name=a b'"
+        "python -m albert_dist.cli pretrain --config pretrain_tiny --set train.max_steps=5 --set 'run.name=a b'"
     )
-    outside = tmp_path / "mine.yaml"
-    outside.write_text("run: {name: x}\n")
-    with pytest.raises(AlbertDistError, match="outside the checkout"):
-        jobs_client.entrypoint(["pretrain"], str(outside), [])
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("run: {name: x}\n")
+    assert jobs_client.entrypoint(["pretrain"], str(mine), []) == (
+        "python -m albert_dist.cli pretrain --config job_config/mine.yaml"
+    )
+    with pytest.raises(ConfigError, match="config file not found: nothing.yaml .*pretrain_tiny"):
+        jobs_client.entrypoint(["pretrain"], "nothing.yaml", [])
 
 
 def test_exit_codes_follow_the_final_status():

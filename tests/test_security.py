@@ -263,53 +263,54 @@ def test_a_password_in_the_tracking_uri_is_found_nowhere(watched_pretraining):
     assert not leaks, leaks
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True, capture_output=True
-    )
-
-
-def test_submit_uploads_what_git_tracks_and_the_config_only(tmp_path):
+def test_submit_uploads_the_package_and_the_config_only(tmp_path, monkeypatch):
+    """What `submit` sends is an allowlist: the package's modules and packaged configs (of an installed package: no
+    checkout is read) and the --config file; a `.env`, a tokenizer, a corpus, caches and links beside them stay."""
     from ray._private.runtime_env.packaging import create_package
 
-    repo = tmp_path / "checkout"
-    (repo / "jobs" / "configs").mkdir(parents=True)
-    (repo / "jobs" / "pretrain.py").write_text("print('job')\n")
-    (repo / ".gitignore").write_text(".env\ntokenizer/\n*.txt\nmine.yaml\n")
-    # tracked, as a link: git lists it, and only the stage's own filter keeps what it points at from the cluster
-    (repo / "jobs" / "link.py").symlink_to(repo / ".env")
-    # tracked files that a .rayignore (the checkout's and a folder's own) keeps off the cluster
-    (repo / ".rayignore").write_text("benchmarks/\n")
-    (repo / "benchmarks").mkdir()
-    (repo / "benchmarks" / "results.json").write_text(CANARY)
-    (repo / "jobs" / ".rayignore").write_text("*.log\n")
-    (repo / "jobs" / "local.log").write_text(CANARY)
-    git(repo, "init", "-q")
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "c")
-    listed = jobs_client.tracked_files(repo)
-    assert {"jobs/link.py", "benchmarks/results.json", "jobs/local.log"} <= set(listed), listed
-    (repo / ".env").write_text(f"MLFLOW_TRACKING_PASSWORD={CANARY}\n")
-    (repo / "tokenizer").mkdir()
-    (repo / "tokenizer" / "spiece.model").write_text(CANARY)
-    (repo / "corpus.txt").write_text(CANARY)
-    (repo / "notes.md").write_text(CANARY)  # neither tracked nor ignored
-    (repo / "jobs" / "configs" / "mine.yaml").write_text("run: {name: x}\n")  # ignored, but the job's --config
+    site = tmp_path / "site-packages"  # an installed package: no git, no pyproject.toml beside it
+    package = site / "albert_dist"
+    (package / "configs").mkdir(parents=True)
+    (package / "sub" / "__pycache__").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "mod.py").write_text("x = 1\n")
+    (package / "configs" / "pretrain_zh.yaml").write_text("run: {name: zh}\n")
+    (package / ".env").write_text(f"MLFLOW_TRACKING_PASSWORD={CANARY}\n")
+    (package / "sub" / "__pycache__" / "mod.cpython-311.pyc").write_text(CANARY)
+    (package / "configs" / "notes.txt").write_text(CANARY)
+    (package / "link.py").symlink_to(package / ".env")
+    (site / "corpus.txt").write_text(CANARY)
+    work = tmp_path / "work"  # where submit runs, with the user's config and secrets
+    (work / "tokenizer").mkdir(parents=True)
+    (work / "tokenizer" / "spiece.model").write_text(CANARY)
+    (work / ".env").write_text(CANARY)
+    (work / "mine.yaml").write_text("run: {name: x}\n")
+    monkeypatch.chdir(work)
 
-    with jobs_client.staged_checkout(["jobs/configs/mine.yaml"], root=repo) as stage:
+    with jobs_client.staged_job("mine.yaml", package=package) as stage:
         assert jobs_client.runtime_env("/out", stage, {})["working_dir"] == str(stage)
-        package = tmp_path / "package.zip"  # what Ray uploads for that working_dir
-        create_package(str(stage), package, include_gitignore=True)
-    with zipfile.ZipFile(package) as archive:
+        archive_path = tmp_path / "package.zip"  # what Ray uploads for that working_dir
+        create_package(str(stage), archive_path, include_gitignore=True)
+    with zipfile.ZipFile(archive_path) as archive:
         sent = sorted(name for name in archive.namelist() if not name.endswith("/"))
         assert not [name for name in sent if CANARY.encode() in archive.read(name)]
-    assert sent == [".rayignore", "jobs/.rayignore", "jobs/configs/mine.yaml", "jobs/pretrain.py"]
+        assert archive.read("job_config/mine.yaml") == b"run: {name: x}\n"
+    assert sent == [
+        "albert_dist/__init__.py",
+        "albert_dist/configs/pretrain_zh.yaml",
+        "albert_dist/sub/mod.py",
+        "job_config/mine.yaml",
+    ]
     assert not stage.exists()
+    assert jobs_client.entrypoint(["pretrain"], "mine.yaml", []).endswith("--config job_config/mine.yaml")
 
 
-def test_submit_outside_a_git_checkout_is_a_clear_error(tmp_path):
-    with pytest.raises(AlbertDistError, match="git tracks"):
-        jobs_client.tracked_files(tmp_path)
+def test_submit_from_a_source_tree_sends_its_build_files_too():
+    """From a checkout, pyproject.toml and the readme travel too: a model the job logs carries a wheel of those
+    sources (tracking.models), as it would logged here; nothing else of the checkout does."""
+    files = jobs_client.package_files()
+    assert {"pyproject.toml", "README.md", "albert_dist/cli.py", "albert_dist/configs/pretrain_zh.yaml"} <= set(files)
+    assert all(name in ("pyproject.toml", "README.md") or name.startswith("albert_dist/") for name in files)
 
 
 def test_a_tracking_password_is_not_sent_with_a_job():

@@ -1,9 +1,10 @@
 """`albert-dist submit` and `albert-dist jobs`: run a job's command (`python -m albert_dist.cli <command>`) on a Ray
 cluster.
 
-The job runs in a copy of the files git tracks in this checkout, plus its config (the runtime env's
-`working_dir`), that Ray deletes afterwards, so the submission sets `ALBERT_DIST_HOME` to an absolute output root on
-the cluster and forwards the MLflow tracking variables. Secrets travel only where they are needed: the Ray token
+The job runs the package as installed here (its modules and packaged configs) plus its config file, sent as the
+runtime env's `working_dir` that Ray deletes afterwards, so the submission sets `ALBERT_DIST_HOME` to an absolute
+output root on the cluster and forwards the MLflow tracking variables. A wheel's install submits as well as a
+checkout: nothing of a checkout is read. Secrets travel only where they are needed: the Ray token
 goes into the request header (never into the job's runtime env), MLflow passwords stay on the cluster's nodes, and
 nothing here prints a token or a password.
 """
@@ -14,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -22,10 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from albert_dist.cluster.ray_init import CLUSTER_WORKER_HOOK, WORKER_ENV
+from albert_dist.config import config_path
 from albert_dist.errors import AlbertDistError
 from albert_dist.redaction import is_secret_name, redact_url
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # albert_dist/, where it is installed (or a checkout's)
+# Beside the package in a source tree only: a model logged by the job then carries a wheel of these sources
+# (tracking.models), as it would logged here.
+SOURCE_FILES = ("pyproject.toml", "README.md")
+JOB_CONFIG_DIR = "job_config"  # where a --config file travels in the job's working_dir
 DEFAULT_OUTPUT_ROOT = "/mnt/shared/albert-dist"
 # Exit status of `submit --follow` and `jobs status` for each final job status.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 2}
@@ -69,7 +74,7 @@ def entrypoint(command: Sequence[str], config: str | None, overrides: list[str])
 
     args = ["python", "-m", "albert_dist.cli", *command]
     if config:
-        args += ["--config", _relative_to_repo(config)]
+        args += ["--config", job_config(config)[0]]
     for item in overrides:
         if redact_url(item) != item:
             raise AlbertDistError(
@@ -81,49 +86,41 @@ def entrypoint(command: Sequence[str], config: str | None, overrides: list[str])
     return shlex.join(args)
 
 
-def _relative_to_repo(config: str) -> str:
-    """The config's path inside the uploaded checkout; a config from elsewhere would not exist on the cluster."""
-    path = Path(config).resolve()
-    if not path.is_file():
-        raise AlbertDistError(f"config file not found: {config}")
-    try:
-        return path.relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        raise AlbertDistError(
-            f"{config} is outside the checkout {REPO_ROOT}, which is what the job receives: "
-            "put the config under albert_dist/configs/ or pass fields with --set"
-        ) from None
+def job_config(config: str) -> tuple[str, Path | None]:
+    """The job's `--config` argument and the file to send for it: a file travels as job_config/<its name>; a
+    packaged config's name stays a name (the package sent with the job holds it)."""
+    path = Path(config)
+    if path.is_file():
+        return f"{JOB_CONFIG_DIR}/{path.name}", path
+    config_path(config)  # a packaged config, else a ConfigError naming the file and the packaged names
+    return config, None
 
 
-def tracked_files(root: Path = REPO_ROOT) -> list[str]:
-    """The files git tracks in the checkout `root`, relative to it."""
-    try:
-        listing = subprocess.run(
-            ["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True, check=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as err:
-        raise AlbertDistError(
-            f"albert-dist submit uploads the files git tracks in {root}, and git cannot list "
-            f"them: {getattr(err, 'stderr', '') or err}".strip()
-        ) from None
-    return [path for path in listing.split("\0") if path]
+def package_files(package: Path = PACKAGE_DIR) -> list[str]:
+    """What of this install a job runs, relative to the package's parent: its modules, its packaged configs and,
+    in a source tree, `SOURCE_FILES`. No symbolic link, no cache."""
+    files = [*package.rglob("*.py"), *(package / "configs").glob("*.yaml")]
+    files += [package.parent / name for name in SOURCE_FILES]
+    return sorted(
+        str(path.relative_to(package.parent))
+        for path in files
+        if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts
+    )
 
 
 @contextlib.contextmanager
-def staged_checkout(extra: list[str], root: Path = REPO_ROOT) -> Iterator[Path]:
-    """A temporary copy of the files git tracks in `root` plus `extra` (paths relative to it): the job's
-    working_dir. An allowlist, so that a `.env`, a tokenizer or a corpus lying in the checkout never reaches the
-    cluster. Left out: symbolic links (one could point anywhere on this machine) and the .gitignore files, which
-    Ray would apply to what was chosen here (dropping a gitignored --config). The .rayignore files stay: Ray's
-    packaging leaves out what they name, as it does for any working_dir."""
+def staged_job(config: str | None, package: Path = PACKAGE_DIR) -> Iterator[Path]:
+    """A temporary directory holding the package (`package_files`) and the job's config file: the job's
+    working_dir. An allowlist, so that a `.env`, a tokenizer or a corpus lying beside the package or in the
+    directory `submit` runs from never reaches the cluster."""
     with tempfile.TemporaryDirectory(prefix="albert-submit-") as stage:
-        for relative in dict.fromkeys([*tracked_files(root), *extra]):
-            source, target = root / relative, Path(stage) / relative
-            if source.name == ".gitignore" or source.is_symlink():
-                continue
-            if source.is_file():  # a tracked file deleted here is not sent
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, target)
+        sent = [(package.parent / relative, relative) for relative in package_files(package)]
+        if config and (file := job_config(config))[1] is not None:
+            sent.append((file[1], file[0]))
+        for source, relative in sent:
+            target = Path(stage) / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
         yield Path(stage)
 
 
@@ -177,7 +174,7 @@ def submit(
     jobs = client(address)
     if name:
         name = unused_submission_id(jobs, name)
-    with staged_checkout([_relative_to_repo(config)] if config else []) as working_dir:
+    with staged_job(config) as working_dir:
         submission_id = jobs.submit_job(
             entrypoint=line,
             runtime_env=runtime_env(root, working_dir),
