@@ -11,14 +11,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeMetadata:
-    def __init__(self) -> None:
+    def __init__(self, address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         self.instance_action: dict | None = None  # AWS spot/instance-action, 404 while None
         self.rebalance: dict | None = None  # AWS events/recommendations/rebalance
         self.preempted = "FALSE"  # GCE instance/preempted
         self.maintenance_event = "NONE"  # GCE instance/maintenance-event
         self.tokens: set[str] = set()
         self.refused = 0  # reads without a valid token or header
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = ThreadingHTTPServer(address, self._handler())
         threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
 
     @property

@@ -72,7 +72,9 @@ def test_rayjob():
     runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
     assert runtime_env["env_vars"]["ALBERT_DIST_HOME"].startswith("/mnt/shared")
     ray_cluster_spec(spec["rayClusterSpec"])
-    assert spec["entrypoint"] == "python -m albert_dist.cli pretrain --config pretrain_base"
+    assert spec["entrypoint"] == (
+        "python -m albert_dist.cli pretrain --config pretrain_base --set train.resource_wait_attempts=-1"
+    )
 
 
 def expand(text: str) -> list[str]:

@@ -4,6 +4,7 @@ node is tests/test_faults_preemption.py."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -61,6 +62,17 @@ def test_auto_finds_the_cloud_that_answers_and_refuses_where_none_does(fake):
     assert isinstance(metadata_source("auto", silent, fake.url, True), GceMetadata)
     with pytest.raises(ConfigError, match="no instance metadata"):
         metadata_source("auto", silent, silent, True)
+    started = time.monotonic()  # a metadata service that comes up late is waited for
+    with FakeMetadata() as late:
+        late_url = late.url
+    found = []
+    waiter = threading.Thread(target=lambda: found.append(metadata_source("auto", silent, late_url, True, -1, 0.05)))
+    waiter.start()
+    time.sleep(0.3)
+    host, port = late_url.removeprefix("http://").split(":")
+    with FakeMetadata((host, int(port))):
+        waiter.join(timeout=10)
+    assert isinstance(found[0], GceMetadata) and time.monotonic() - started >= 0.3
 
 
 def test_watch_drains_once_per_notice_that_brings_the_deadline_forward_and_retries_a_failed_drain(fake):
@@ -96,6 +108,7 @@ def test_watch_drains_once_per_notice_that_brings_the_deadline_forward_and_retri
 
 def test_the_cli_says_in_one_line_when_no_metadata_answers(capsys):
     silent = "http://127.0.0.1:9"
-    assert main(["cluster", "watch-preemption", "--aws-metadata-url", silent, "--gce-metadata-url", silent]) == 2
+    args = ["--aws-metadata-url", silent, "--gce-metadata-url", silent, "--wait-for-metadata", "0"]
+    assert main(["cluster", "watch-preemption", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("albert-dist: error: no instance metadata") and "\n" not in err

@@ -152,13 +152,24 @@ class GceMetadata:
         return None
 
 
-def metadata_source(cloud: str, aws_url: str, gce_url: str, rebalance: bool) -> AwsMetadata | GceMetadata:
-    """The metadata service of `cloud`, or with `auto` the one that answers here."""
+def metadata_source(
+    cloud: str, aws_url: str, gce_url: str, rebalance: bool, wait_s: float = 0.0, interval_s: float = 2.0
+) -> AwsMetadata | GceMetadata:
+    """The metadata service of `cloud`, or with `auto` the first that answers here within `wait_s` seconds (a
+    negative `wait_s`: however long it takes; a node's metadata server may come up after the watcher)."""
     aws, gce = AwsMetadata(aws_url, rebalance), GceMetadata(gce_url)
-    if cloud == "aws" or cloud == "auto" and aws.available():
+    if cloud == "aws":
         return aws
-    if cloud == "gce" or cloud == "auto" and gce.available():
+    if cloud == "gce":
         return gce
+    give_up = time.monotonic() + wait_s
+    while True:
+        for source in (aws, gce):
+            if source.available():
+                return source
+        if 0 <= wait_s and give_up <= time.monotonic():
+            break
+        time.sleep(interval_s)
     raise ConfigError(
         f"no instance metadata at {aws_url} (AWS) nor {gce_url} (GCE): this is not a cloud VM, or its metadata "
         "service is out of reach (on Kubernetes: AWS's IMDSv2 needs a hop limit of 2 for pods); name --cloud and "
@@ -254,6 +265,14 @@ def add_parser(commands) -> None:
     parser.add_argument("--address", help="GCS address host:port (default: the Ray this machine started)")
     parser.add_argument("--node-id", help="hex id of the node to drain (default: the alive node at this address)")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
+    parser.add_argument(
+        "--wait-for-metadata",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --cloud auto, how long to look for a metadata service before giving up (default 30; -1: "
+        "for ever, for a sidecar that must not crash-loop where there is none)",
+    )
     parser.add_argument("--aws-metadata-url", default=AWS_METADATA_URL)
     parser.add_argument("--gce-metadata-url", default=GCE_METADATA_URL)
     parser.add_argument(
@@ -268,7 +287,9 @@ def add_parser(commands) -> None:
 def _watch_command(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise ConfigError(f"--interval must be positive, got {args.interval}")
-    source = metadata_source(args.cloud, args.aws_metadata_url, args.gce_metadata_url, args.rebalance)
+    source = metadata_source(
+        args.cloud, args.aws_metadata_url, args.gce_metadata_url, args.rebalance, args.wait_for_metadata, args.interval
+    )
     print(f"preemption watcher: polling {source.base} every {args.interval:g} s", flush=True)
 
     def send(notice: Notice) -> None:
