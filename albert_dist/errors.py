@@ -47,6 +47,10 @@ class TrackingError(AlbertDistError):
     """The MLflow tracking store refused a request or did not answer."""
 
 
+class HubError(AlbertDistError):
+    """The Hugging Face Hub refused an upload, or no token was given for one."""
+
+
 #: what the OS answers a path a user cannot write or read: no permission, a read-only file system
 _PATH_REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
 

@@ -76,6 +76,7 @@ def run_job(job: TrainingJob, cfg, callbacks: list | None = None) -> JobOutcome:
             if final:
                 run.log_metrics(final, step)
             run.log_model(job.mlflow_model(cfg), step, f"{plan.name}-{job.model_kind}")
+            write_card(job, cfg, plan, run, local_model, {**result.metrics, **final})
     return JobOutcome(
         plan.model_dir,
         plan.best_model_dir,
@@ -85,3 +86,36 @@ def run_job(job: TrainingJob, cfg, callbacks: list | None = None) -> JobOutcome:
         {**result.metrics, **final},
         plan.label_names,
     )
+
+
+# the data section's fields that say where the data came from (pretraining's prepared data, the task files)
+DATA_SOURCE_FIELDS = ("output", "train", "dev", "test")
+
+
+def write_card(job: TrainingJob, cfg, plan: Plan, run, local_model: Path, metrics: dict[str, Any]) -> None:
+    """The published model's card (README.md, albert_dist.hub.card): its task, data, config, metrics, MLflow run."""
+    import json
+
+    from albert_dist.hub import card
+    from albert_dist.hub.download import hub_id
+    from albert_dist.storage import join_location, publish_text
+    from albert_dist.tokenizer.albert_tokenizer import languages, load_tokenizer
+
+    model_config = json.loads((local_model / "config.json").read_text())
+    data = {f"data.{key}": value for key in DATA_SOURCE_FIELDS if (value := getattr(cfg.data, key, None))}
+    if plan.fingerprint:
+        data["digest (sha256)"] = plan.fingerprint["data"]
+    source = plan.tags.get("albert_dist.source_model") or getattr(getattr(cfg, "model", None), "init_from", None)
+    facts = card.CardFacts(
+        title=f"{plan.name} ({job.name})",
+        task=job.name,
+        architecture=(model_config.get("architectures") or ["AlbertModel"])[0],
+        languages=languages(load_tokenizer(local_model)),
+        model_config=model_config,
+        data=data,
+        metrics={k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+        mlflow={"run_id": run.run_id, "tracking_uri": run.uri, "experiment": getattr(plan.tracking, "experiment", "")},
+        base_model=hub_id(source)[0] if source and hub_id(source) else None,
+        job_config=dump_yaml(cfg),
+    )
+    publish_text(join_location(plan.model_dir, card.CARD_NAME), card.render(facts))

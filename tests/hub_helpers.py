@@ -4,6 +4,7 @@ hub ids resolve offline."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -51,3 +52,81 @@ def hub_cache(root: Path, repo: str = REPO, commit: str = COMMIT) -> AlbertForPr
     torch.save(state, snapshot / "pytorch_model.bin")
     (snapshot / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
     return model
+
+
+class HubStandIn:
+    """The Hub's upload API on 127.0.0.1, as huggingface_hub calls it (repo creation, preupload, commit): every file
+    is told to go inline ("regular"), so a commit carries the files' bytes, which it records; it checks the token."""
+
+    def __init__(self, token: str):
+        import base64
+        import http.server
+        import threading
+
+        self.token = token
+        self.repos: list[dict] = []
+        self.commits: list[dict] = []  # {"repo", "summary", "files": {path: bytes}}
+        self.validated: list[str] = []
+        self.unknown: list[str] = []
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _reply(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Authorization") != f"Bearer {hub.token}":
+                    return self._reply(401, {"error": "Invalid credentials in Authorization header"})
+                parts = self.path.split("?")[0].strip("/").split("/")
+                if parts[:3] == ["api", "repos", "create"]:
+                    request = json.loads(body)
+                    hub.repos.append(request)
+                    name = f"{request.get('organization')}/{request['name']}"
+                    return self._reply(200, {"url": f"http://127.0.0.1/{name}", "name": name})
+                if parts[:2] == ["api", "validate-yaml"]:  # the card's front matter, checked before the commit
+                    hub.validated.append(json.loads(body)["content"])
+                    return self._reply(200, {})
+                if parts[:2] == ["api", "models"] and parts[4:5] == ["preupload"]:
+                    files = json.loads(body)["files"]
+                    modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
+                    return self._reply(200, {"files": modes, "commitOid": "0" * 40})
+                if parts[:2] == ["api", "models"] and parts[4:5] == ["commit"]:
+                    lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+                    files = {
+                        line["value"]["path"]: base64.b64decode(line["value"]["content"])
+                        for line in lines
+                        if line["key"] == "file"
+                    }
+                    header = next(line["value"] for line in lines if line["key"] == "header")
+                    hub.commits.append({"repo": "/".join(parts[2:4]), "summary": header["summary"], "files": files})
+                    url = f"http://127.0.0.1/{'/'.join(parts[2:4])}/commit/{'1' * 40}"
+                    return self._reply(200, {"commitUrl": url, "commitOid": "1" * 40, "pullRequestUrl": None})
+                hub.unknown.append(f"POST {self.path}")
+                return self._reply(404, {"error": f"no route {self.path}"})
+
+            def do_GET(self):  # noqa: N802
+                if self.headers.get("Authorization") != f"Bearer {hub.token}":
+                    return self._reply(401, {"error": "Invalid credentials in Authorization header"})
+                hub.unknown.append(f"GET {self.path}")
+                return self._reply(404, {"error": f"no route {self.path}"})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> HubStandIn:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

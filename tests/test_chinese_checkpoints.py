@@ -168,6 +168,7 @@ def test_voidful_layout_reads_with_transformers_ids_and_outputs(workspace):
 
 
 def test_lcqmc_finetune_from_voidful_layout_exports_for_transformers(lcqmc, workspace, tmp_path):
+    import huggingface_hub
     import transformers
 
     from albert_dist.finetune.predict import run_predict
@@ -186,6 +187,15 @@ def test_lcqmc_finetune_from_voidful_layout_exports_for_transformers(lcqmc, work
         theirs = hf_model(**hf_inputs).logits
         logits = model(**{k: torch.tensor([v]) for k, v in mine.items()}).logits
     torch.testing.assert_close(logits, theirs, atol=1e-5, rtol=1e-4)
+
+    # the fast tokenizer comes whole from tokenizer.json, and the model card tells where the model came from
+    assert hf_tok.is_fast and (lcqmc.model_dir / "tokenizer.json").is_file()
+    card = huggingface_hub.ModelCard.load(lcqmc.model_dir / "README.md")
+    assert card.data.language == ["zh"] and card.data.pipeline_tag == "text-classification"
+    assert {"albert", "albert-dist", "finetune"} <= set(card.data.tags)
+    assert f"MLflow run: `{lcqmc.run_id}`" in card.text and str(workspace / "train.tsv") in card.text
+    assert f"dev_accuracy | {lcqmc.metrics['dev_accuracy']:.6g}" in card.text and "digest (sha256)" in card.text
+    assert "```yaml" in card.text and f"init_from: {workspace / 'albert_chinese_small'}" in card.text  # its config
 
     rows = run_predict(
         lcqmc.model_dir, workspace / "dev.tsv", tmp_path / "pred.jsonl", text_column="text_a", text_pair_column="text_b"

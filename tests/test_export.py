@@ -217,7 +217,12 @@ def test_the_command_writes_the_export_and_replaces_an_earlier_one(tmp_path, tok
     assert "start_logits: max abs diff" in printed
     tokenizer_files = {p.name for p in source.iterdir()} - {"config.json", "model.safetensors"}
     assert tokenizer_files == {"spiece.model", "tokenizer_config.json", "special_tokens_map.json"}
-    assert {p.name for p in out.iterdir()} == {"config.json", "model.onnx", "export.json"} | tokenizer_files
+    assert {p.name for p in out.iterdir()} == {
+        "config.json",
+        "model.onnx",
+        "export.json",
+        "README.md",
+    } | tokenizer_files
     metadata = json.loads((out / "export.json").read_text())
     assert (metadata["quantization"], metadata["opset"]) == ("int8", 18)
     assert {o.domain or "ai.onnx": o.version for o in onnx.load(out / "model.onnx").opset_import}["ai.onnx"] == 18

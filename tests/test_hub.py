@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from chinese_helpers import ZH_SENTENCES
-from hub_helpers import COMMIT, REPO, hub_cache
+from hub_helpers import COMMIT, REPO, HubStandIn, hub_cache, tiny_model, zh_vocab
 
 from albert_dist.config import load_config
 from albert_dist.data.config import DataJobConfig
@@ -101,3 +104,119 @@ def test_configs_take_a_hub_id():
     assert prepare.tokenizer.path == pinned
     distill = load_config(DistillJobConfig, None, [f"student.init_from={REPO}", "finetune.epochs=1"])
     assert distill.student.init_from == REPO
+
+
+MIXED = ["Deep learning用Ray Data处理，ALBERT模型!", "这个开源项目使用Ray Data并行处理大规模语料库。"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny Chinese classifier with its card, and its `albert-dist export`."""
+    from albert_dist.export.run import run_export
+    from albert_dist.hub import card
+    from albert_dist.model import AlbertForSequenceClassification
+
+    root = tmp_path_factory.mktemp("hub-out")
+    vocab = zh_vocab()
+    (root / "vocab").mkdir()
+    (root / "vocab" / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    model_dir = root / "model"
+    config = dataclasses.replace(tiny_model(len(vocab)).config, num_labels=2)
+    AlbertForSequenceClassification(config).save_pretrained(model_dir)
+    AlbertTokenizer(root / "vocab").save(model_dir)
+    source_facts = card.CardFacts(
+        title="lcqmc (finetune)",
+        task="finetune",
+        architecture="AlbertForSequenceClassification",
+        languages=["zh"],
+        model_config=json.loads((model_dir / "config.json").read_text()),
+        data={"data.train": "s3://bucket/lcqmc/train.tsv", "digest (sha256)": "ab" * 32},
+        metrics={"dev_accuracy": 0.75},
+        mlflow={"run_id": "f" * 32, "tracking_uri": "https://user:pw@mlflow.example.com", "experiment": "zh"},
+        base_model=REPO,
+    )
+    (model_dir / card.CARD_NAME).write_text(card.render(source_facts), encoding="utf-8")
+    older = root / "older"  # a model published without tokenizer.json: its export writes one
+    shutil.copytree(model_dir, older)
+    (older / "tokenizer.json").unlink()
+    run_export(older, root / "export")
+    return root
+
+
+def test_exports_carry_a_fast_tokenizer_that_transformers_loads_with_our_ids(exported, tmp_path):
+    import transformers
+
+    ours = AlbertTokenizer(exported / "model")
+    for directory in (exported / "model", exported / "export"):
+        alone = tmp_path / directory.name
+        shutil.copytree(directory, alone)
+        (alone / "vocab.txt").unlink()  # what transformers reads is tokenizer.json, the whole pipeline
+        hf = transformers.AutoTokenizer.from_pretrained(alone)
+        assert hf.is_fast and hf.backend_tokenizer is not None
+        for text in [*ZH_SENTENCES, *MIXED]:
+            assert hf(text)["input_ids"] == [ours.cls_id, *ours.encode(text), ours.sep_id]
+        pair = hf(MIXED[0], ZH_SENTENCES[2])
+        assert pair["input_ids"] == ours.encode_pair(MIXED[0], ZH_SENTENCES[2])["input_ids"]
+        assert pair["token_type_ids"] == ours.encode_pair(MIXED[0], ZH_SENTENCES[2])["token_type_ids"]
+        assert 1 not in pair["input_ids"]  # no [UNK]: every piece was compared
+
+
+def test_the_export_card_says_what_was_exported_and_carries_the_source_card(exported):
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(exported / "export" / "README.md")
+    assert card.data.pipeline_tag == "text-classification" and card.data.language == ["zh"]
+    assert {"albert", "albert-dist", "export", "onnx", "fp32"} <= set(card.data.tags)
+    assert card.data.library_name == "transformers"
+    text = card.text
+    assert "ONNX opset" in text and "max abs diff" in text  # the check against PyTorch
+    # the source model's card: data source and digest, metrics, MLflow run (the URL's password never written)
+    assert "s3://bucket/lcqmc/train.tsv" in text and "ab" * 32 in text and "dev_accuracy | 0.75" in text
+    assert "f" * 32 in text and "mlflow.example.com" in text and "pw@" not in text
+    assert f"base model: `{REPO}`" in text
+    source = ModelCard.load(exported / "model" / "README.md")
+    assert source.data.base_model == REPO and source.data.pipeline_tag == "text-classification"
+    assert "AutoTokenizer.from_pretrained" in source.text and "albert-dist predict --model" in source.text
+
+
+def albert_dist(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "albert_dist.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_push_uploads_an_export_in_one_commit_with_the_token_unseen(exported, tmp_path):
+    token = "hf_" + "s3cr3t" * 6
+    env = os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_TOKEN", None)
+    export = exported / "export"
+    with HubStandIn(token) as hub:
+        env["HF_ENDPOINT"] = hub.url
+        dry = albert_dist("push", "--model", str(export), "--repo", "me/tiny-zh", "--dry-run", env=env)
+        assert dry.returncode == 0, dry.stderr
+        assert "me/tiny-zh (public): " in dry.stdout and "tokenizer.json" in dry.stdout and "dry run" in dry.stdout
+        assert hub.repos == hub.commits == []
+        no_token = albert_dist("push", "--model", str(export), "--repo", "me/tiny-zh", env=env)
+        assert no_token.returncode != 0 and "no Hugging Face token: set HF_TOKEN" in no_token.stderr
+        bad_repo = albert_dist("push", "--model", str(export), "--repo", "tiny-zh", env=env)
+        assert bad_repo.returncode != 0 and "--repo 'tiny-zh'" in bad_repo.stderr
+        pushed = albert_dist(
+            "push", "--model", str(export), "--repo", "me/tiny-zh", "--private", env=env | {"HF_TOKEN": token}
+        )
+        assert pushed.returncode == 0, pushed.stderr
+        refused = albert_dist("push", "--model", str(export), "--repo", "me/tiny-zh", env=env | {"HF_TOKEN": "hf_no"})
+        assert refused.returncode != 0 and "401" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    for run in (dry, no_token, pushed, refused):
+        assert token not in run.stdout + run.stderr
+    assert hub.unknown == []
+    assert hub.repos == [{"name": "tiny-zh", "organization": "me", "visibility": "private"}]
+    (commit,) = hub.commits
+    assert commit["repo"] == "me/tiny-zh"
+    local = {p.name for p in export.iterdir() if p.is_file() and p.name != "published.json"}
+    assert set(commit["files"]) == local
+    for name in local - {"README.md"}:
+        assert commit["files"][name] == (export / name).read_bytes()
+    readme = commit["files"]["README.md"].decode()
+    assert 'from_pretrained("me/tiny-zh")' not in readme  # an export loads through albert-dist
+    assert "--model me/tiny-zh --backend onnx" in readme and "path/to/this/model" not in readme
+    assert hub.validated == [readme]

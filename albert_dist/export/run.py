@@ -17,6 +17,7 @@ from pathlib import Path
 from albert_dist.errors import CheckpointError, ConfigError
 from albert_dist.export import check, convert
 from albert_dist.export.dev_metrics import DevSet, dev_metrics, load_dev, log_to_source_run
+from albert_dist.hub import card
 from albert_dist.model.checkpoint import CONFIG_NAME, SAFE_WEIGHTS_NAME, load_config
 from albert_dist.model.onnx_runtime import INPUT_NAMES, MODEL_FILE, ONNX_HEADS, OnnxModel, exported_architecture
 from albert_dist.storage import publishing_dir
@@ -81,6 +82,7 @@ def run_export(
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, staging / name)
+        tokenizer.save_fast(staging)  # tokenizer.json, also for a source made before albert-dist wrote it
         onnx_model = OnnxModel(staging)
         checked = check.compare(model, onnx_model, check.TOLERANCES[quantize])
         metadata = _metadata(model_dir, config, architecture, quantize, opset, outputs, checked, sizes)
@@ -90,8 +92,46 @@ def run_export(
                 model_dir, {k: v for k, v in metadata["dev"].items() if isinstance(v, dict)}, tracking_uri
             )
         (staging / EXPORT_JSON).write_text(json.dumps(metadata, indent=2, ensure_ascii=False) + "\n")
+        (staging / card.CARD_NAME).write_text(export_card(model_dir, staging, metadata, tokenizer), encoding="utf-8")
     print(summary(metadata, output))
     return metadata
+
+
+def export_card(model_dir: Path, staging: Path, metadata: dict, tokenizer) -> str:
+    """The export's model card: what was exported and how it checked out against PyTorch, its dev metrics, then the
+    source model's own card (its data, config, metrics and MLflow run) when it has one."""
+    from albert_dist.finetune.job import source_run_id
+    from albert_dist.tokenizer.albert_tokenizer import languages
+
+    precision = "fp32" if metadata["quantization"] == "none" else metadata["quantization"]
+    checked = metadata["check"]["outputs"]
+    export = [
+        "## The export",
+        "",
+        f"`model.onnx`: ONNX opset {metadata['opset']}, {precision}, batch and sequence axes dynamic, from "
+        f"`{metadata['source']['model']}`. Checked against PyTorch on the same inputs:",
+        "",
+        *(f"- {name}: max abs diff {m['max_abs_diff']:.2g} (bound {m['bound']:.2g})" for name, m in checked.items()),
+    ]
+    source_card = model_dir / card.CARD_NAME
+    if source_card.is_file():
+        # without its front matter and its loading snippets, which are the PyTorch model's
+        body = source_card.read_text(encoding="utf-8").split("\n---\n", 1)[-1].split("\n## How to load it")[0]
+        export += ["", "## The source model", "", ("\n" + body.strip()).replace("\n#", "\n##").strip()]
+    run_id = (metadata.get("mlflow") or {}).get("run_id") or source_run_id(model_dir)
+    dev = metadata.get("dev", {}).get(f"onnx_{precision}", {})
+    facts = card.CardFacts(
+        title=f"{model_dir.name} as ONNX ({precision})",
+        task="export",
+        architecture=metadata["architecture"],
+        languages=languages(tokenizer),
+        model_config=json.loads((staging / CONFIG_NAME).read_text()),
+        metrics={f"dev_{name}": value for name, value in dev.items()},
+        mlflow={"run_id": run_id} if run_id else {},
+        extra_tags=["onnx", precision],
+        extra_sections=export,
+    )
+    return card.render(facts)
 
 
 def _metadata(model_dir, config, architecture, quantize, opset, outputs, checked, sizes) -> dict:

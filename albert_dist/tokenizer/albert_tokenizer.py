@@ -14,9 +14,11 @@ from albert_dist.storage import publish_bytes
 from albert_dist.tokenizer.backends import (
     SPECIAL_ROLES,
     SPIECE_FILE,
+    SPIECE_UNDERLINE,
     WORDPIECE_FILE,
     SentencePieceBackend,
     WordPieceBackend,
+    is_cjk,
 )
 
 MODEL_MAX_LENGTH = 512
@@ -163,6 +165,11 @@ class AlbertTokenizer:
         publish_bytes(out_dir / "special_tokens_map.json", _json_bytes(specials))
         return out_dir
 
+    def save_fast(self, out_dir: str | os.PathLike) -> None:
+        """Write `tokenizer.json`, the whole pipeline transformers' AutoTokenizer loads as the fast tokenizer (the
+        WordPiece backend's; a SentencePiece one writes none)."""
+        self._backend.save_fast(Path(out_dir))
+
 
 def truncate_longest_first(
     ids_a: list[int], ids_b: list[int] | None, budget: int
@@ -179,6 +186,15 @@ def truncate_longest_first(
     if len(ids_a) > len(ids_b):
         keep_a, keep_b = keep_b, keep_a
     return ids_a[:keep_a], ids_b[:keep_b]
+
+
+def languages(tokenizer: AlbertTokenizer) -> list[str]:
+    """The model card's language: ["zh"] for a vocabulary of which a fifth or more are CJK characters (a Chinese
+    BERT vocab.txt is mostly those; an English one has next to none), else ["en"]."""
+    tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    pieces = (token.removeprefix("##").lstrip(SPIECE_UNDERLINE) for token in tokens)
+    cjk = sum(1 for piece in pieces if piece and all(is_cjk(ord(c)) for c in piece))
+    return ["zh"] if cjk * 5 >= len(tokens) else ["en"]
 
 
 def load_tokenizer(path: str | os.PathLike) -> AlbertTokenizer:

@@ -35,6 +35,9 @@ SPIECE_VOCAB_FILE = "spiece.vocab"
 WORDPIECE_FILE = "vocab.txt"
 
 
+FAST_TOKENIZER_FILE = "tokenizer.json"  # the whole pipeline, which transformers' AutoTokenizer loads as it is
+
+
 SPIECE_UNDERLINE = "\u2581"
 
 
@@ -147,6 +150,10 @@ class SentencePieceBackend:
     def save_files(self, out_dir: Path) -> None:
         publish_bytes(out_dir / SPIECE_FILE, self._proto)
 
+    @staticmethod
+    def save_fast(out_dir: Path) -> None:
+        """None: transformers converts spiece.model itself (see docs/hub.md for how that differs)."""
+
     def tokenizer_config(self) -> dict:
         return {
             "tokenizer_class": "AlbertTokenizer",
@@ -230,6 +237,31 @@ class WordPieceBackend:
 
     def save_files(self, out_dir: Path) -> None:
         publish_bytes(out_dir / WORDPIECE_FILE, "".join(t + "\n" for t in self._tokens).encode("utf-8"))
+        self.save_fast(out_dir)
+
+    def save_fast(self, out_dir: Path) -> None:
+        publish_bytes(out_dir / FAST_TOKENIZER_FILE, self.fast_tokenizer().to_str(pretty=True).encode("utf-8"))
+
+    def fast_tokenizer(self):
+        """This pipeline as a whole `tokenizers.Tokenizer`, as transformers' BertTokenizerFast saves it: [CLS] A
+        [SEP] (B [SEP]) around the pieces, the special tokens matched whole, `##` joined back when decoding."""
+        from tokenizers import AddedToken, decoders, processors
+
+        tokenizer = bert_pipeline(self._tokenizer.model)
+        tokenizer.add_special_tokens(
+            [AddedToken(self._tokens[i], special=True, normalized=False) for i in sorted(self._special_ids())]
+        )
+        cls, sep = self._SPECIAL["cls"], self._SPECIAL["sep"]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0",
+            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, self._ids[cls]), (sep, self._ids[sep])],
+        )
+        tokenizer.decoder = decoders.WordPiece(prefix="##")
+        return tokenizer
+
+    def _special_ids(self) -> set[int]:
+        return {self._ids[t] for t in self._SPECIAL.values()}
 
     @staticmethod
     def tokenizer_config() -> dict:
