@@ -220,8 +220,8 @@ class FinetuneModelSection(PretrainedModelSection):
 
     init_from: str | None = Field(
         None,
-        description="A model directory (ours or transformers') to start from, or "
-        "the URI of one pretrain published (s3://bucket/runs/name/model).",
+        description="A model directory (ours or transformers') to start from, the URI of one pretrain "
+        "published (s3://bucket/runs/name/model), or a Hugging Face Hub id (org/name[@revision]).",
     )
 
     _local_init_from = field_validator("init_from")(classmethod(lambda cls, value: without_credentials(value)))
@@ -249,8 +249,8 @@ class StudentSection(Section):
 
     init_from: str | None = Field(
         None,
-        description="A pretrained ALBERT directory with the teacher's vocabulary "
-        "(e.g. albert_chinese_tiny for an albert_chinese_base "
+        description="A pretrained ALBERT directory or Hugging Face Hub id with the teacher's vocabulary "
+        "(e.g. voidful/albert_chinese_tiny for an albert_chinese_base "
         "teacher): the student starts from it, in its own shape.",
     )
     num_hidden_layers: int | None = Field(None, gt=0, description="Empty: 4.")
@@ -285,7 +285,9 @@ class StudentSection(Section):
 class DistillSection(Section):
     """loss = alpha·T²·KL(student/T ‖ teacher/T) + (1−alpha)·CE(labels) + hidden_weight·MSE(hidden states)."""
 
-    teacher: str | None = Field(None, description="The fine-tuned teacher's model directory.")
+    teacher: str | None = Field(
+        None, description="The fine-tuned teacher's model directory, or its Hugging Face Hub id (org/name[@revision])."
+    )
     temperature: float = Field(2.0, gt=0)
     alpha: float = Field(0.5, ge=0, le=1)
     hidden_weight: float = Field(0.0, ge=0, description="beta: weight of the hidden-state MSE; 0 disables it.")
