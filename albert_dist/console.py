@@ -71,10 +71,10 @@ def quiet_ray() -> Path | None:
 def quiet_mlflow() -> None:
     """MLflow's own console output, everywhere the project talks to MLflow (the CLI, drivers, workers): no "View run
     … at <URI>" line (the jobs print where their run is themselves) and, unless verbose, no INFO lines about setting
-    up a new SQLite store."""
+    up a new SQLite store or about the system metrics' monitor starting and stopping."""
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if not verbose():
-        for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+        for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "mlflow.system_metrics"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
 

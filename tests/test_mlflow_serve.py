@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +24,7 @@ from mlflow_server import free_port
 from packaging.requirements import Requirement
 from process_helpers import is_loopback, listeners_of, process_tree
 from test_serve import TEXTS, assert_same_predictions, classifier_dir, reference
+from venv_helpers import clean_env, fresh_venv, run
 
 from albert_dist.finetune.mlflow_model import SequenceClassifierModel
 from albert_dist.tracking import models
@@ -34,17 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 NAME = "tiny-classifier"
 
 
-def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> str:
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(command)}:\n{(done.stdout + done.stderr)[-4000:]}"
-    return done.stdout
-
-
 def fresh_env(tracking_uri: str) -> dict[str, str]:
-    """This process's environment less what would lead another Python to the checkout or this virtualenv."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     # the reference below computes with this process's torch threads: the same count gives the same sums
-    return {**env, "MLFLOW_TRACKING_URI": tracking_uri, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    return clean_env(MLFLOW_TRACKING_URI=tracking_uri, OMP_NUM_THREADS=str(torch.get_num_threads()))
 
 
 @pytest.mark.slow
@@ -68,10 +60,7 @@ def test_the_registered_model_serves_from_a_fresh_environment(stdlib_corpus, tmp
     venv = tmp_path / "venv"  # outside the checkout, as tmp_path is
     assert REPO not in venv.parents
     env = fresh_env(tracking_uri)
-    run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 300)
-    # bytecode compiled at first import rather than for every file installed: 3 times faster on 2 cores
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
-    run([*pip, "torch==2.13.0"], tmp_path, env, 900)  # the CPU wheel: a bare requirement would take CUDA's
+    pip = fresh_venv(venv, env, tmp_path)
     run([*pip, "-r", "requirements.txt"], logged, env, 1500)  # its lines name the wheel relative to the model
     installed = run(
         [str(venv / "bin" / "python"), "-c", "import albert_dist; print(albert_dist.__file__)"], tmp_path, env, 120
