@@ -178,5 +178,6 @@ def test_the_ray_apis_albert_dist_relies_on_are_those_of_the_pinned_ray():
     assert callable(services.canonicalize_bootstrap_address)
     # what the manifests' SIGTERM drain and the run's notice checkpoint read
     assert ray_constants.RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S >= 0
-    assert "_drain_node_before_shutdown" in vars(ray._private.node.Node)
+    # (tests/test_faults_sigterm.py runs it; its drain reason, which the GCS does not report back, read here)
+    assert "DRAIN_NODE_REASON_PREEMPTION" in inspect.getsource(ray._private.node.Node._drain_node_before_shutdown)
     assert callable(ray.train.get_preemption_info)
