@@ -77,17 +77,22 @@ def test_the_strict_schemas_catch_a_misplaced_key():
         kubernetes_validate.validate(pod, KUBERNETES, strict=True)
 
 
-def test_the_shared_volume_claim_validates_and_is_read_write_many():
+def test_the_kubernetes_objects_validate_and_share_one_read_write_many_claim():
+    for path in sorted((CLUSTER / "kuberay").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc["apiVersion"] != "ray.io/v1":
+                kubernetes_validate.validate(doc, KUBERNETES, strict=True)
     claim = manifest("shared-pvc.yaml")
-    kubernetes_validate.validate(claim, KUBERNETES, strict=True)
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    mlflow, service = yaml.safe_load_all((CLUSTER / "kuberay" / "mlflow.yaml").read_text())
+    assert service["spec"]["type"] == "ClusterIP"  # reached by port-forward, never from outside
     claims = {
         v["persistentVolumeClaim"]["claimName"]
         for name in ["raycluster.yaml", "rayjob-pretrain.yaml"]
         for t in pod_templates(manifest(name))
         for v in t["spec"]["volumes"]
         if "persistentVolumeClaim" in v
-    }
+    } | {v["persistentVolumeClaim"]["claimName"] for v in mlflow["spec"]["template"]["spec"]["volumes"]}
     assert claims == {claim["metadata"]["name"]}
 
 
