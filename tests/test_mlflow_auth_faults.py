@@ -19,7 +19,7 @@ from test_s3 import cli_args
 from albert_dist.tracking.metrics_log import MetricsLogger
 
 TRAINER = "trainer"
-REFUSED = 3  # batches of metrics the server refuses before the permission is given back
+REFUSED = 3  # batches of metrics the server refuses before access is given back
 
 
 pytestmark = pytest.mark.slow  # both tests talk to a real MLflow server
@@ -116,9 +116,11 @@ def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth
     """A real pretraining run (its own local Ray, the trainer's credentials) reaches the server through a proxy:
     once its first metrics are stored, and before the run has the server's answer, the trainer's permission on the
     experiment is removed; training goes on while the server refuses its next REFUSED batches of metrics (403),
-    which rank 0 keeps in its state file; the permission is then given back, and every logged step is in MLflow
-    exactly once, the run FINISHED, no traceback in the output. The proxy's triggers make this hold however fast
-    the run."""
+    which rank 0 keeps in its state file; the permission is then given back. Once the next batch is stored, the
+    trainer's password is changed: the next REFUSED batches are refused 401, kept, and sent once the password is
+    back. A tracking outage never costs the training: the run says so once per refusal, every logged step is in
+    MLflow exactly once, the run FINISHED, no traceback in the output. The proxy's triggers make this hold however
+    fast the run."""
     from mlflow.tracking import MlflowClient
 
     uri, password = auth_server
@@ -166,22 +168,44 @@ def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth
     state = tmp_path / "runs" / "refused" / "ray" / "refused" / "tracked_metrics.json"
     admin, client = users(uri), MlflowClient(uri)
     log_batch = lambda method, path: method == "POST" and path.endswith("/runs/log-batch")  # noqa: E731
-    refused, held = [], {}
+    refused, held = [], []
 
-    def revoke() -> None:
-        experiment = client.get_experiment_by_name("auth-faults-training").experiment_id
-        admin.revoke_user_permission(TRAINER, "experiment", experiment)
-        proxy.after(log_batch, lambda: refused_batch(experiment), any_status=True)
+    def refuse_then_restore(refuse, restore, then=None) -> None:
+        """Run `refuse`, then `restore` once the server has refused REFUSED batches, then `then` once a batch
+        after them is stored."""
+        refuse()
+        episode = []
 
-    def refused_batch(experiment: str) -> None:
-        refused.append(proxy.requests[-1])
-        if len(refused) < REFUSED:
-            proxy.after(log_batch, lambda: refused_batch(experiment), any_status=True)
-            return
-        held.update(json.loads(state.read_text()))  # rank 0 waits for this answer: what it holds so far
-        admin.grant_user_permission(TRAINER, "experiment", experiment, "MANAGE")
+        def refused_batch() -> None:
+            episode.append(proxy.requests[-1])
+            if len(episode) < REFUSED:
+                proxy.after(log_batch, refused_batch, any_status=True)
+                return
+            refused.append(episode)
+            held.append(json.loads(state.read_text()))  # rank 0 waits for this answer: what it holds so far
+            restore()
+            if then:
+                proxy.after(log_batch, then)
 
-    proxy.after(log_batch, revoke, body_has=b'"mlm_loss"')  # rank 0's metrics, not the driver's params
+        proxy.after(log_batch, refused_batch, any_status=True)
+
+    def experiment() -> str:
+        return client.get_experiment_by_name("auth-faults-training").experiment_id
+
+    def password_changed() -> None:
+        refuse_then_restore(
+            lambda: admin.update_user_password(TRAINER, secrets.token_urlsafe(16)),
+            lambda: admin.update_user_password(TRAINER, password),
+        )
+
+    def permission_removed() -> None:
+        refuse_then_restore(
+            lambda: admin.revoke_user_permission(TRAINER, "experiment", experiment()),
+            lambda: admin.grant_user_permission(TRAINER, "experiment", experiment(), "MANAGE"),
+            then=password_changed,
+        )
+
+    proxy.after(log_batch, permission_removed, body_has=b'"mlm_loss"')  # rank 0's metrics, not the driver's params
     try:
         job = subprocess.run(
             [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900
@@ -190,9 +214,13 @@ def test_training_goes_on_while_mlflow_refuses_its_user_and_loses_no_metric(auth
         proxy.close()
     output = job.stdout + job.stderr
     assert job.returncode == 0, output[-3000:]
-    assert [r.status for r in refused] == [403] * REFUSED, refused
-    assert len(held["pending"]) >= 1 and held["last_step"] < 40, held
-    assert "warning: MLflow refused our credentials (" in output and "PERMISSION_DENIED" in output, output[-3000:]
+    assert [[r.status for r in episode] for episode in refused] == [[403] * REFUSED, [401] * REFUSED], refused
+    assert all(len(state["pending"]) >= 1 and state["last_step"] < 40 for state in held), held
+    # one warning per refusal, naming it, and one line when the metrics go through again
+    warnings = [line for line in output.splitlines() if "warning: MLflow refused our credentials (" in line]
+    assert len(warnings) == 2, output[-3000:]
+    assert "PERMISSION_DENIED" in warnings[0] and "UNAUTHENTICATED" in warnings[1], warnings
+    assert output.count("MLflow accepts our metrics again") == 2, output[-3000:]
     assert "Traceback" not in output and password not in output
     assert "done: step 40" in output
     [run] = client.search_runs([client.get_experiment_by_name("auth-faults-training").experiment_id])
