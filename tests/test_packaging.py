@@ -130,6 +130,19 @@ def test_version_is_the_package_metadata_version(capsys):
     assert capsys.readouterr().out.strip() == f"albert-dist {version('albert-dist')}"
 
 
+def test_the_api_names_stay_functions_when_their_subpackages_are_imported():
+    """`albert_dist.pretrain` and `albert_dist.finetune` are subpackages as well as the API's functions: a job run
+    imports them, and `from albert_dist import pretrain` in a notebook's next cell is still the function."""
+    code = (
+        "import albert_dist, albert_dist.pretrain.job, albert_dist.finetune.config; "
+        "from albert_dist import pretrain, finetune; from albert_dist.pretrain.config import PretrainJobConfig; "
+        "from albert_dist.finetune import job; "
+        "print(pretrain.__module__, finetune.__module__, albert_dist.pretrain.__name__, job.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.split() == ["albert_dist.api", "albert_dist.api", "pretrain", "albert_dist.finetune.job"]
+
+
 def test_importing_the_package_loads_neither_torch_nor_ray():
     """`import albert_dist` and a look at its API's names stay light; the API's functions import the job's
     modules when called (python -X importtime would show the same list)."""
@@ -140,3 +153,33 @@ def test_importing_the_package_loads_neither_torch_nor_ray():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split("\n")[:2] == ["[]", "albert_dist.api"]
+
+
+@pytest.mark.parametrize("name", ["prepare", "pretrain", "finetune", "distill", "sweep"])
+def test_each_api_job_validates_its_config_before_running(name, tmp_path, monkeypatch):
+    """The API's jobs are the registry's: a misspelt key is the job's own one ConfigError, before any work."""
+    import albert_dist
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"run\.nmae"):
+        getattr(albert_dist, name)(None, {"run.nmae": "x"})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_api_predict_writes_what_the_cli_writes(stdlib_corpus, tmp_path, capsys):
+    from test_serve import classifier_dir
+
+    from albert_dist import predict
+
+    model = classifier_dir(tmp_path / "model", stdlib_corpus)
+    (tmp_path / "in.csv").write_text("text\nthe module returns a list\nraise an error\n")
+    assert predict(model, tmp_path / "in.csv", tmp_path / "api.jsonl", device="cpu") == 2
+    assert (
+        main(
+            ["predict", "--model", str(model), "--input", str(tmp_path / "in.csv")]
+            + ["--output", str(tmp_path / "cli.jsonl"), "--device", "cpu"]
+        )
+        == 0
+    )
+    assert (tmp_path / "api.jsonl").read_text() == (tmp_path / "cli.jsonl").read_text()
+    assert (tmp_path / "api.jsonl").read_text().count("\n") == 2
