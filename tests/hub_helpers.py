@@ -41,17 +41,29 @@ def hub_cache(root: Path, repo: str = REPO, commit: str = COMMIT) -> AlbertForPr
     """`repo` at `commit` (also its main branch) in the cache at `root` ($HF_HUB_CACHE); returns the model it holds."""
     vocab = zh_vocab()
     model = tiny_model(len(vocab))
-    repo_dir = root / f"models--{repo.replace('/', '--')}"
-    snapshot = repo_dir / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo_dir / "refs").mkdir()
-    (repo_dir / "refs" / "main").write_text(commit)
+    snapshot = cached_snapshot(root, repo, commit)
     model.config.to_json_file(snapshot / "config.json")
     state = model.state_dict()
     state["predictions.decoder.weight"] = state["albert.embeddings.word_embeddings.weight"]  # tied, as they ship
     torch.save(state, snapshot / "pytorch_model.bin")
     (snapshot / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
     return model
+
+
+def cached_snapshot(root: Path, repo: str, commit: str = COMMIT, files: Path | None = None) -> Path:
+    """The snapshot directory of `repo` at `commit`, also its main branch, in the cache at `root`; holding the files
+    of the directory `files` when given."""
+    import shutil
+
+    repo_dir = root / f"models--{repo.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / commit
+    if files is None:
+        snapshot.mkdir(parents=True)
+    else:
+        shutil.copytree(files, snapshot)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+    return snapshot
 
 
 class HubStandIn:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from chinese_helpers import ZH_SENTENCES
-from hub_helpers import COMMIT, REPO, HubStandIn, hub_cache, tiny_model, zh_vocab
+from hub_helpers import COMMIT, REPO, HubStandIn, cached_snapshot, hub_cache, tiny_model, zh_vocab
 
 from albert_dist.config import load_config
 from albert_dist.data.config import DataJobConfig
@@ -177,6 +177,44 @@ def test_the_export_card_says_what_was_exported_and_carries_the_source_card(expo
     source = ModelCard.load(exported / "model" / "README.md")
     assert source.data.base_model == REPO and source.data.pipeline_tag == "text-classification"
     assert "AutoTokenizer.from_pretrained" in source.text and "albert-dist predict --model" in source.text
+
+
+OFFLINE_PREDICTS = """
+import json, sys
+import numpy as np
+from albert_dist.finetune.predict import Predictor
+texts = json.loads(sys.argv[1])
+out = {}
+for repo, backend in (("me/lcqmc", "torch"), ("me/lcqmc-onnx", "onnx")):
+    rows = Predictor(repo, "text", None, 4, backend=backend)({"text": np.asarray(texts, dtype=object)})
+    out[backend] = {k: np.asarray(v).tolist() for k, v in rows.items() if k != "text"}
+print(json.dumps(out))
+"""
+
+
+def test_predict_takes_a_hub_id_offline_for_a_model_and_an_export(exported, tmp_path):
+    import numpy as np
+
+    from albert_dist.finetune.predict import Predictor
+
+    cached_snapshot(tmp_path / "hub", "me/lcqmc", files=exported / "model")
+    cached_snapshot(tmp_path / "hub", "me/lcqmc-onnx", files=exported / "export")
+    texts = [*ZH_SENTENCES[:3], *MIXED]
+    run = subprocess.run(
+        [sys.executable, "-c", OFFLINE_PREDICTS, json.dumps(texts)],
+        env=offline_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    for backend, directory in (("torch", exported / "model"), ("onnx", exported / "export")):
+        local = Predictor(directory, "text", None, 4, backend=backend)({"text": np.asarray(texts, dtype=object)})
+        assert out[backend].keys() == {k for k in local if k != "text"}
+        assert out[backend]["predicted_label"] == np.asarray(local["predicted_label"]).tolist()
+        for key in out[backend].keys() - {"predicted_label"}:  # the probabilities
+            np.testing.assert_allclose(np.asarray(out[backend][key]), np.asarray(local[key]), atol=1e-5)
 
 
 def albert_dist(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -31,6 +31,7 @@ from albert_dist.console import ProgressLine, verbose
 from albert_dist.data import batching
 from albert_dist.errors import ConfigError, DataError, raised_in_a_task
 from albert_dist.finetune import data, inference, predict_input, qa_task, token_task
+from albert_dist.hub.download import local_dir
 from albert_dist.model.checkpoint import load_config
 from albert_dist.storage import filesystem, publish_file
 from albert_dist.train.precision import resolve_precision
@@ -71,6 +72,7 @@ class Predictor:
     ):
         from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
+        model_dir = local_dir(model_dir)  # a hub id: its snapshot, which every file below is read from
         self.device = torch.device(local_device(device))
         self.model = load_model(model_dir, backend, self.device)
         self.head = head_of(self.model.config)

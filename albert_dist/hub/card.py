@@ -1,6 +1,6 @@
 """The model card (`README.md`) of every model albert-dist publishes: Hub metadata (language, tags, pipeline_tag,
-base_model, license when known) as front matter, then the task, the data (source and digest), the config, the
-metrics, the MLflow run and how to load the model with transformers and with albert-dist.
+base_model; no license, which albert-dist cannot know) as front matter, then the task, the data (source and digest),
+the config, the metrics, the MLflow run and how to load the model with transformers and with albert-dist.
 
 Snippets name the model `MODEL_PLACEHOLDER`: `albert-dist push` writes the repo id there, a local copy reads it as
 the directory's path."""
@@ -43,7 +43,6 @@ class CardFacts:
     job_config: str | None = None  # the job's validated config, as YAML
     extra_tags: list[str] = field(default_factory=list)
     extra_sections: list[str] = field(default_factory=list)  # markdown sections of their own (an export's)
-    license: str | None = None
 
 
 def render(facts: CardFacts) -> str:
@@ -53,7 +52,6 @@ def render(facts: CardFacts) -> str:
     pipeline_tag = PIPELINE_TAGS.get(facts.architecture)
     metadata = ModelCardData(
         language=facts.languages,
-        license=facts.license,
         library_name="transformers",
         tags=["albert", "albert-dist", facts.task, *facts.extra_tags],
         pipeline_tag=pipeline_tag,
@@ -90,10 +88,8 @@ def render(facts: CardFacts) -> str:
         )
         + ".",
         *(["", *facts.extra_sections] if facts.extra_sections else []),
-        "",
-        "## Data",
-        "",
-        *([f"- {key}: `{_inline(value)}`" for key, value in facts.data.items()] or ["- not recorded"]),
+        *(["", "## Data", ""] if facts.data else []),  # an export's is its source card's
+        *(f"- {key}: `{_inline(value)}`" for key, value in facts.data.items()),
         "",
         "## Config",
         "",

@@ -29,6 +29,8 @@ MODEL_FILES = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "model.onnx",  # an export's graph and record (albert-dist predict --backend onnx)
+    "export.json",
 ]
 
 
