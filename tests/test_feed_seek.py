@@ -148,3 +148,34 @@ def test_the_loop_resumes_through_the_seek_to_the_same_weights(tmp_path: Path):
     trained_before = set(EpochOrder(224, seed=5, epoch=0, window=32).take(0, 10 * 16).tolist())
     read = task.epochs[0][2].rows_read()
     assert not read & trained_before and len(read) == 224 - 10 * 16
+
+
+def test_fine_tuning_resumes_at_its_global_batch_and_collates_none_before_it(monkeypatch):
+    """The classification task (and the token, QA and distillation tasks built on it) cuts its epoch's order at the
+    position: the same batches as the epoch read from its start, none of the earlier ones collated."""
+    from types import SimpleNamespace
+
+    from albert_dist.data import batching
+    from albert_dist.finetune.task import SequenceClassificationTask
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 16, 100)
+    rows = {
+        "row": np.arange(100),
+        "length": lengths,
+        "input_ids": np.repeat(np.arange(100)[:, None], 16, axis=1),  # each row's id in its every piece
+        "token_type_ids": np.zeros((100, 16), np.int64),
+        "label": rng.integers(0, 2, 100),
+    }
+    collated = []
+    collate = batching.collate
+    monkeypatch.setattr(batching, "collate", lambda batch, multiple: collated.append(1) or collate(batch, multiple))
+    for group_by_length in (False, True):
+        for rank in range(2):
+            task = SequenceClassificationTask.__new__(SequenceClassificationTask)
+            task.spec = SimpleNamespace(seed=3, batch_size=4, group_by_length=group_by_length, pad_to_multiple_of=8)
+            task.rank, task.world_size, task._cache = rank, 2, {"train": rows}
+            whole = [b["input_ids"][:, 0].tolist() for b in task.train_batches(1)]  # 12 global batches of 8 rows
+            collated.clear()
+            tail = [b["input_ids"][:, 0].tolist() for b in task.train_batches_from(1, 0, 5)]
+            assert len(whole) == 12 and tail == whole[5:] and len(collated) == 7

@@ -192,9 +192,12 @@ class SequenceClassificationTask(TrainingTask):
             yield batching.collate({k: rows[k][order[index]] for k in columns}, self.spec.pad_to_multiple_of)
 
     def train_batches(self, epoch, phase=0):
+        return self.train_batches_from(epoch, phase, 0)
+
+    def train_batches_from(self, epoch, phase, start):
         """A new seeded order each epoch, the same on every rank (rows of similar length in each global batch with
-        `group_by_length`); each rank takes its slice of every global batch, so resuming at a micro-batch index
-        sees exactly the rows not yet trained on."""
+        `group_by_length`), from global batch `start` on; each rank takes its slice of every global batch, so a
+        resumed run sees exactly the rows not yet trained on, and collates none of the others."""
         lengths = self._rows("train")["length"]
         rng = np.random.default_rng([self.spec.seed, epoch])
         order = (
@@ -204,7 +207,8 @@ class SequenceClassificationTask(TrainingTask):
             if self.spec.group_by_length
             else rng.permutation(len(lengths))
         )
-        return self._batches("train", self.spec.batch_size, order, drop_last=True)
+        skipped = start * self.spec.batch_size * self.world_size
+        return self._batches("train", self.spec.batch_size, order[skipped:], drop_last=True)
 
     def eval_batches(self):
         """Longest rows first: evaluation statistics are sums, so the order only changes the padding."""
