@@ -10,14 +10,14 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from checkpoint_helpers import assert_mid_run, verifying_checkpoints, verifying_steps
-from process_helpers import beyond_loopback, listeners_sampled, process_tree, train_workers_of, wait_until_gone
+from driver_helpers import interrupted_then_relaunched, launch, training_workers, wait_for_checkpoint
+from process_helpers import beyond_loopback, listeners_sampled, process_tree, wait_until_gone
 from test_faults_disk import fill, tmpfs
 from test_pretrain import (
     assert_same_weights,
@@ -55,36 +55,8 @@ def baseline(prepared):
 
 
 def _launch(root: Path, name: str) -> subprocess.Popen:
-    """`albert-dist pretrain` as its own driver process, attached to the test session's Ray cluster."""
-    import ray
-
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, "-m", "albert_dist.cli", "pretrain"]
-    for item in pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES + [STREAMED]:
-        args += ["--set", item]
-    return subprocess.Popen(
-        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-
-
-def _wait_for_checkpoint(run_dir: Path, process: subprocess.Popen | None = None, timeout: float = 300) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if verifying_steps(run_dir):  # complete: Ray copies a checkpoint file by file
-            return True
-        assert process is None or process.poll() is None, process.stdout.read()
-        time.sleep(0.05)
-    return False
-
-
-def _training_workers(timeout: float = 300) -> list[int]:
-    """The two training workers of the run starting on this test process's Ray, once both run: found before the
-    fault is due, as reading the process table takes seconds on a loaded machine, while the run goes on."""
-    deadline = time.time() + timeout
-    while len(workers := train_workers_of(os.getpid())) < 2:
-        assert time.time() < deadline, f"training workers: {workers}"
-        time.sleep(0.2)
-    return workers
+    """`albert-dist pretrain` of a streamed resume run, as its own driver process (`driver_helpers.launch`)."""
+    return launch("pretrain", pretrain_overrides(root, name, RESUME_STEPS) + RESUME_OVERRIDES + [STREAMED])
 
 
 def stop_then_kill(pids: list[int]) -> None:
@@ -99,8 +71,8 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
 
     run_dir = prepared / "killed"
     victim = _launch(prepared, "killed")
-    workers, driver = _training_workers(), process_tree(victim.pid)
-    assert _wait_for_checkpoint(run_dir, victim), "no checkpoint appeared"
+    workers, driver = training_workers(), process_tree(victim.pid)
+    assert wait_for_checkpoint(run_dir, victim), "no checkpoint appeared"
     # the training workers held where they are, then the driver's process group and the workers killed: the
     # relaunch finds the run as the kill left it
     for pid in workers:
@@ -133,43 +105,21 @@ def test_killed_job_relaunched_ends_like_an_uninterrupted_run(prepared, baseline
 
 
 def test_ctrl_c_stops_the_run_as_the_users_and_a_relaunch_resumes_it(prepared, baseline, ray_session):
-    """A real SIGINT to the running `albert-dist pretrain`'s process group, as a terminal's Ctrl-C sends it, once a
-    checkpoint is stored: the command ends 130 saying so, its MLflow run is KILLED (stopped by the user), no model
-    is published, every stored checkpoint still verifies, and a relaunch resumes from the newest of them and ends
-    bit for bit as the uninterrupted run."""
-    from mlflow.tracking import MlflowClient
-
+    """A real SIGINT to the running `albert-dist pretrain`'s process group once a checkpoint is stored
+    (`driver_helpers.interrupted_then_relaunched`: exit 130 saying so, the MLflow run KILLED, the stored
+    checkpoints whole, the relaunch resumed from the newest, the run FINISHED): no model published by the
+    interrupted run (pretraining publishes the last step's), and the relaunch ends bit for bit as the uninterrupted
+    run."""
     run_dir = prepared / "interrupted"
-    victim = _launch(prepared, "interrupted")
-    workers = _training_workers()
-    assert _wait_for_checkpoint(run_dir, victim), "no checkpoint appeared"
-    # the workers held first, so that the run is still training when the interrupt reaches its driver (30 tiny
-    # steps take about a second), then let go for the abort to stop them
-    for pid in workers:
-        os.kill(pid, signal.SIGSTOP)
-    os.killpg(victim.pid, signal.SIGINT)
-    for pid in workers:
-        os.kill(pid, signal.SIGCONT)
-    out, _ = victim.communicate(timeout=300)
-    assert victim.returncode == 130 and "albert-dist: interrupted" in out, (victim.returncode, out[-3000:])
-    assert not (run_dir / "model").exists()
-    verifying = verifying_steps(run_dir)
-    stored = {path for path in run_dir.glob("ray/*/checkpoint_*") if path.is_dir()}
-    assert stored and set(verifying_checkpoints(run_dir)) == stored, "a stored checkpoint does not verify"
+    published_when_interrupted = []
 
-    client = MlflowClient(f"sqlite:///{prepared / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("albert-dist").experiment_id
+    def launch_noting_the_model() -> subprocess.Popen:
+        published_when_interrupted.append((run_dir / "model").exists())
+        return _launch(prepared, "interrupted")
 
-    def runs():
-        return client.search_runs(experiment, filter_string="attributes.run_name = 'interrupted'")
-
-    assert [run.info.status for run in runs()] == ["KILLED"]
-    again = _launch(prepared, "interrupted")
-    out, _ = again.communicate(timeout=600)
-    assert again.returncode == 0, out
-    assert_mid_run(int(re.search(r"resumed from .* at step (\d+)", out).group(1)), verifying, RESUME_STEPS)
+    interrupted_then_relaunched(launch_noting_the_model, run_dir, f"sqlite:///{prepared / 'mlflow.db'}", RESUME_STEPS)
+    assert published_when_interrupted == [False, False]  # before the run, and after its interrupt
     assert_same_weights(baseline, final_weights(run_dir))
-    assert [run.info.status for run in runs()] == ["FINISHED"]  # the same run, resumed
 
 
 class TrackingServer:
@@ -250,7 +200,7 @@ def faulted(prepared, baseline, tracking_server):
             client = MlflowClient(tracking_server.uri)
             wait_for(lambda: client.get_metric_history(run_id, "loss"), "the first metrics")
             tracking_server.stop()
-            seen["killed"] = _training_workers()
+            seen["killed"] = training_workers()
             wait_for(lambda: verifying_steps(run_dir) and len(pending_steps()) >= 2, "a checkpoint and pending metrics")
             stop_then_kill(seen["killed"])
             seen["pending"] = pending_steps()
