@@ -49,14 +49,23 @@ def spot_notice_through_the_watcher(metadata: FakeMetadata):
 
 
 def main(root: Path) -> None:
+    import ray
+
+    from albert_dist.cluster.preemption import own_node_id
+    from albert_dist.errors import ConfigError
+
     cluster, node = one_worker_node_cluster()
+    try:  # the head and the worker share 127.0.0.1: the watcher cannot tell its node by address
+        own_node_id(ray._raylet.GcsClient(address=cluster.address), "127.0.0.1")
+    except ConfigError as err:
+        print(f"BY ADDRESS {err}", flush=True)
     watcher_log = root / "watcher.log"
     with FakeMetadata() as metadata, open(watcher_log, "w") as log:
         watcher = subprocess.Popen(
             [
                 *(sys.executable, "-m", "albert_dist.cli", "cluster", "watch-preemption"),
                 *("--cloud", "aws", "--aws-metadata-url", metadata.url, "--interval", "0.2"),
-                *("--address", cluster.address, "--node-id", node.node_id),
+                *("--node-id", node.node_id),  # the GCS: the cluster this machine started, as `ray start` does
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -78,6 +87,7 @@ def test_a_spot_notice_in_the_metadata_drains_the_node_and_the_run_checkpoints_a
         RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="0.5",
         RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="30",
     )
+    assert re.search(r"BY ADDRESS 2 alive Ray nodes at 127\.0\.0\.1 \(\w+, \w+\): name --node-id", out), out[-6000:]
     # the node drained by the watcher alone, with the notice's deadline
     drained = re.search(r"DRAINED \{'(\w+)': (\d+)\} ([\d.]+) s after the notice", out)
     assert drained, out[-6000:]
