@@ -287,6 +287,8 @@ def add_parser(commands) -> None:
 def _watch_command(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise ConfigError(f"--interval must be positive, got {args.interval}")
+    if args.cloud == "auto":
+        print("preemption watcher: looking for an instance metadata service (AWS, GCE)", flush=True)
     source = metadata_source(
         args.cloud, args.aws_metadata_url, args.gce_metadata_url, args.rebalance, args.wait_for_metadata, args.interval
     )
