@@ -216,7 +216,7 @@ def test_the_command_writes_the_export_and_replaces_an_earlier_one(tmp_path, tok
     assert f"exported AlbertForQuestionAnswering as ONNX (int8, opset 18) to {out}" in printed
     assert "start_logits: max abs diff" in printed
     tokenizer_files = {p.name for p in source.iterdir()} - {"config.json", "model.safetensors"}
-    assert tokenizer_files == {"spiece.model", "tokenizer_config.json", "special_tokens_map.json"}
+    assert tokenizer_files == {"spiece.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
     assert {p.name for p in out.iterdir()} == {
         "config.json",
         "model.onnx",

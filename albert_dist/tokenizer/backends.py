@@ -149,10 +149,55 @@ class SentencePieceBackend:
 
     def save_files(self, out_dir: Path) -> None:
         publish_bytes(out_dir / SPIECE_FILE, self._proto)
+        self.save_fast(out_dir)
 
-    @staticmethod
-    def save_fast(out_dir: Path) -> None:
-        """None: transformers converts spiece.model itself (see docs/hub.md for how that differs)."""
+    def save_fast(self, out_dir: Path) -> None:
+        tokenizer = self.fast_tokenizer()
+        if tokenizer is not None:
+            publish_bytes(out_dir / FAST_TOKENIZER_FILE, tokenizer.to_str(pretty=True).encode("utf-8"))
+
+    def fast_tokenizer(self):
+        """The unigram model as a whole `tokenizers.Tokenizer`, as transformers v5 builds AlbertTokenizer from
+        spiece.model, with sentencepiece's whitespace handling (runs of it one space, the ends trimmed) and its
+        user-defined symbols left to the model. Google's re-split of `1,` pieces has no equivalent in `tokenizers`:
+        a digit before a comma may be tokenized otherwise. None for a BPE model (transformers converts its
+        spiece.model itself)."""
+        from sentencepiece import sentencepiece_model_pb2
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+        from tokenizers.models import Unigram
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self._proto)
+        if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
+            return None
+        vocab = [(p.piece, p.score) for p in proto.pieces]
+        tokenizer = Tokenizer(Unigram(vocab, unk_id=self._sp.unk_id(), byte_fallback=False))
+        # [CLS], [SEP], [MASK] matched whole; ALBERT's user-defined symbols stay pieces of the model, as in
+        # sentencepiece, where they split no word
+        control = sentencepiece_model_pb2.ModelProto.SentencePiece.CONTROL
+        tokenizer.add_special_tokens([AddedToken(p.piece, normalized=False) for p in proto.pieces if p.type == control])
+        charsmap = proto.normalizer_spec.precompiled_charsmap
+        tokenizer.normalizer = normalizers.Sequence(
+            [
+                normalizers.Replace("``", '"'),
+                normalizers.Replace("''", '"'),
+                normalizers.NFKD(),
+                normalizers.StripAccents(),
+                normalizers.Lowercase(),
+                *([normalizers.Precompiled(charsmap)] if charsmap else []),
+                normalizers.Replace(Regex(r"\s+"), " "),
+                normalizers.Strip(),
+            ]
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_UNDERLINE, prepend_scheme="always")
+        tokenizer.decoder = decoders.Metaspace(replacement=SPIECE_UNDERLINE, prepend_scheme="always")
+        cls, sep = self.special_tokens["cls"], self.special_tokens["sep"]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0",
+            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, self._sp.piece_to_id(cls)), (sep, self._sp.piece_to_id(sep))],
+        )
+        return tokenizer
 
     def tokenizer_config(self) -> dict:
         return {
