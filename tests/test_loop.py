@@ -399,3 +399,12 @@ def test_the_slots_of_a_global_batch_are_shared_out_whole_among_any_number_of_wo
             assert {len(part) for part in held} <= {slots // workers, slots // workers + 1}
     with pytest.raises(ValueError, match="3 workers for 2 slots"):
         slot_range(0, 3, 2)
+
+
+def test_the_console_says_every_ranks_share_of_the_slots_when_they_differ():
+    from albert_dist.train.feed import slot_shares
+
+    assert slot_shares(2, 4) == "each trains 2"
+    assert slot_shares(2, 3) == "rank 0 trains 1, rank 1 trains 2"
+    assert slot_shares(3, 5) == "rank 0 trains 1, ranks 1-2 train 2"
+    assert slot_shares(1, 3) == "each trains 3"

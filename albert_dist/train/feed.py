@@ -13,6 +13,7 @@ Evaluation reads a Ray dataset from its start (`rank_batches`): it never resumes
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -123,6 +124,21 @@ def slot_batches(
         for slot in slots:
             first = index * size + slot * batch_size
             yield index, slot, windows.rows(first, first + batch_size)
+
+
+def slot_shares(world_size: int, slots: int) -> str:
+    """How many of each global micro-batch's `slots` every rank trains, in words: "each trains 2", or by runs of
+    ranks when a worker count that does not divide the slots gives some ranks one more ("ranks 0-1 train 1, rank 2
+    trains 2")."""
+    shares = [len(slot_range(rank, world_size, slots)) for rank in range(world_size)]
+    if len(set(shares)) == 1:
+        return f"each trains {shares[0]}"
+    runs = []
+    for share, group in itertools.groupby(range(world_size), key=lambda rank: shares[rank]):
+        ranks = list(group)
+        who = f"rank {ranks[0]} trains" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]} train"
+        runs.append(f"{who} {share}")
+    return ", ".join(runs)
 
 
 def rank_batches(

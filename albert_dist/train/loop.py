@@ -26,6 +26,7 @@ from albert_dist.config import TrainSection
 from albert_dist.console import format_duration
 from albert_dist.train import checkpointing, optim, precision
 from albert_dist.train.collectives import gather_objects
+from albert_dist.train.feed import slot_shares
 
 Batch = dict[str, torch.Tensor]
 #: how close to its baseline (absolute) a metric counts as "learned nothing" for the plateau warning
@@ -257,9 +258,9 @@ class Trainer:
         slots, workers = self.task.slot_count, self.env.world_size
         if self.env.is_main and slots and slots != workers:
             self.env.print_fn(
-                f"step {self.position.step}/{self.settings.max_steps} | {workers} of {slots} workers: each trains "
-                f"{self.task.slots_held} micro-batch(es) of each global micro-batch ({self.settings.grad_accum_steps}"
-                f" per step), the global batch stays the same"
+                f"step {self.position.step}/{self.settings.max_steps} | {workers} of {slots} workers: "
+                f"{slot_shares(workers, slots)} micro-batch(es) of each global micro-batch "
+                f"({self.settings.grad_accum_steps} per step), the global batch stays the same"
             )
 
     def _drain_notice(self) -> bool:
