@@ -6,8 +6,8 @@ It reads each request whole (head and body: `Content-Length` or chunked, as the 
 - forwarded to the server on a connection of its own (`Connection: close`) and the answer relayed back;
 - answered 503 SlowDown (the store throttling), for a chosen share of requests or for every request during a
   refusal window;
-- the connection reset (RST) while the client is still uploading;
-- delayed, then forwarded;
+- the connection reset (RST) while the client is still uploading, for a chosen share;
+- delayed, then forwarded, for a chosen share;
 - answered 403 AccessDenied (credentials revoked), for every request once `deny` is set.
 
 Every request is recorded with what was done to it, so that a test can show its fault hit its own run; a trigger
@@ -47,8 +47,9 @@ class Request:
 class FaultProxy:
     """Listens on 127.0.0.1 (`url`) and proxies to `upstream` ("http://127.0.0.1:PORT").
 
-    `share` of the requests (chosen with a seeded generator) get one of `kinds`: "slowdown", "reset" or
-    "delay". `refuse_for(seconds)` answers every request 503 SlowDown for that long; `deny = True` answers every
+    `shares` maps an outcome ("slowdown", "reset", "delayed") to the share of the requests that get it, each
+    request drawing once from a seeded generator (`{"slowdown": 0.2, "reset": 0.05}`: a fifth of the requests
+    answered 503, one in twenty reset, the others forwarded). `refuse_for(seconds)` answers every request 503 SlowDown for that long; `deny = True` answers every
     request 403 AccessDenied. `after(match, action)` runs `action()` once, after the first forwarded request with
     a 2xx answer (any answer with `any_status`) for which `match(method, path)` is true and whose body holds
     `body_has`."""
@@ -57,14 +58,14 @@ class FaultProxy:
         self,
         upstream: str,
         *,
-        share: float = 0.0,
-        kinds: tuple[str, ...] = ("slowdown", "reset", "delay"),
+        shares: dict[str, float] | None = None,
         delay_s: float = 1.0,
         seed: int = 0,
     ):
         host, _, port = upstream.removeprefix("http://").partition(":")
         self.upstream = (host, int(port))
-        self.share, self.kinds, self.delay_s = share, kinds, delay_s
+        self.shares, self.delay_s = dict(shares or {}), delay_s
+        assert set(self.shares) <= {"slowdown", "reset", "delayed"} and sum(self.shares.values()) <= 1, self.shares
         self.deny = False
         self.requests: list[Request] = []
         self._refuse_until = 0.0
@@ -170,8 +171,11 @@ class FaultProxy:
                 return "denied"
             if time.monotonic() < self._refuse_until:
                 return "refused"
-            if self._random.random() < self.share:
-                return {"slowdown": "slowdown", "reset": "reset", "delay": "delayed"}[self._random.choice(self.kinds)]
+            draw = self._random.random()
+            for outcome, share in self.shares.items():
+                if draw < share:
+                    return outcome
+                draw -= share
         return "forwarded"
 
     def _forward(self, client: socket.socket, request: Request, head: list[bytes], body: bytes) -> None:

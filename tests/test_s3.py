@@ -10,17 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 from finetune_helpers import single_rows, write_csv, write_jsonl
-from mlflow_server import free_port
 from process_helpers import require_mark
+from s3_server import moto_server
 
 from albert_dist.config import load_config
 from albert_dist.data.config import DataJobConfig
@@ -41,37 +37,11 @@ TINY_MODEL = [
 
 @pytest.fixture(scope="module")
 def s3_env():
-    """A moto S3 server on a free loopback port, killed at the end; the AWS_* variables that point pyarrow, boto3
+    """A moto S3 server (`s3_server.moto_server`) for the module; the AWS_* variables that point pyarrow, boto3
     and the jobs at it (the secret key random, to search the outputs for)."""
     require_mark("slow", "an S3 server")
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, "moto server did not start"
-            time.sleep(0.2)
-    env = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "albert-test",
-        "AWS_REGION": "us-east-1",
-        "AWS_SECRET_ACCESS_KEY": secrets.token_hex(16),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    try:
+    with moto_server() as env:
         yield env
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
 
 
 def s3_client(env: dict[str, str]):
