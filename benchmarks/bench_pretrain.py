@@ -35,11 +35,11 @@ def matmul_peak_tflops(precision: str, size: int = 2048, repeats: int = 5) -> fl
     return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e12
 
 
-def prepare(root: Path, max_seq_length: int) -> Path:
+def prepare(root: Path, max_seq_length: int, max_chars: int = 1_500_000) -> Path:
     from albert_dist.data.prepare import prepare_dataset
     from albert_dist.demo.corpus import write_stdlib_corpus
 
-    corpus = write_stdlib_corpus(root / "corpus.txt", max_chars=1_500_000)
+    corpus = write_stdlib_corpus(root / "corpus.txt", max_chars=max_chars)
     cfg = load_config(
         DataJobConfig,
         None,
