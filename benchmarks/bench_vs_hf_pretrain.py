@@ -102,7 +102,15 @@ def run_ours(args, work: Path, train_text: Path) -> dict:
     overrides = [a for s in args.ours_set for a in ("--set", s)]
     name = f"ours-{time.strftime('%H%M%S')}"  # a run of its own, not a resume of an earlier one
     started = time.perf_counter()
-    cli("pretrain", "--config", REPO / "albert_dist/configs" / pretrain, *common, "--set", f"run.name={name}", *overrides)
+    cli(
+        "pretrain",
+        "--config",
+        REPO / "albert_dist/configs" / pretrain,
+        *common,
+        "--set",
+        f"run.name={name}",
+        *overrides,
+    )
     seconds = time.perf_counter() - started
     from albert_dist.config import load_config
     from albert_dist.data.loading import load_prepared

@@ -239,6 +239,10 @@ class FinetuneJobConfig(TrainingJobConfig):
     _one_training_length = model_validator(mode="after")(_one_training_length)
 
     @property
+    def task(self) -> str:
+        return self.finetune.task
+
+    @property
     def best_metric(self) -> str:
         return self.finetune.best_metric
 
@@ -311,8 +315,8 @@ class DistillJobConfig(TrainingJobConfig):
     _one_training_length = model_validator(mode="after")(_one_training_length)
 
     @property
-    def teacher_task(self) -> str:
-        """What the teacher was fine-tuned for, from its config.json's architectures."""
+    def task(self) -> str:
+        """The teacher's: what it was fine-tuned for, from its config.json's architectures."""
         if not self.distill.teacher:
             raise ConfigError("distill.teacher is not set: give the fine-tuned teacher's model directory")
         return head_task(load_config(self.distill.teacher))
@@ -321,7 +325,7 @@ class DistillJobConfig(TrainingJobConfig):
     def best_metric(self) -> str:
         """finetune.metric, else the default of the teacher's task (entity F1 for NER, answer F1 for a reader,
         accuracy for a classifier)."""
-        return metric_for(self.teacher_task, self.finetune.metric)
+        return metric_for(self.task, self.finetune.metric)
 
     @field_validator("data")
     @classmethod

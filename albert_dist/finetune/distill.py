@@ -390,7 +390,7 @@ def evaluate_split(model, split: str, task_data: job.TaskData, cfg: DistillJobCo
 def plan(cfg: DistillJobConfig) -> Plan:
     """Load the teacher, tokenize the task data with its labels, build the student: the run's plan."""
     # a metric the teacher's task lacks is refused before anything is read
-    teacher_dir, task, metric = cfg.distill.teacher, cfg.teacher_task, cfg.best_metric
+    teacher_dir, task, metric = cfg.distill.teacher, cfg.task, cfg.best_metric
     teacher = job.model_class(task).from_pretrained(teacher_dir)
     names = [teacher.config.id2label[i] for i in range(teacher.config.num_labels)]
     task_data = job.prepare_task_data(cfg.data, task, teacher_dir, label_names=names)

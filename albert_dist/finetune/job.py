@@ -236,7 +236,7 @@ def classifier_model(cfg):
     `text_pair`."""
     from albert_dist.finetune.mlflow_model import SequenceClassifierModel
 
-    reads_pairs = cfg.data.text_pair_column is not None or cfg.finetune.task == "question_answering"
+    reads_pairs = cfg.data.text_pair_column is not None or cfg.task == "question_answering"
     return SequenceClassifierModel(pair=reads_pairs)
 
 

@@ -55,9 +55,7 @@ class QuestionAnsweringTask(SequenceClassificationTask):
     eval_columns = ("row", "example", "piece_start", "piece_end")
 
     def build_model(self) -> torch.nn.Module:
-        return AlbertForQuestionAnswering.from_pretrained(
-            fetch_dir(self.spec.init_from), **self.spec.model_overrides
-        )
+        return AlbertForQuestionAnswering.from_pretrained(fetch_dir(self.spec.init_from), **self.spec.model_overrides)
 
     def loss(self, model, batch):
         out = model(

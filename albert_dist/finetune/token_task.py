@@ -38,9 +38,7 @@ class TokenClassificationTask(SequenceClassificationTask):
     eval_columns = ("row", "word_index", "sentence")
 
     def build_model(self) -> torch.nn.Module:
-        return AlbertForTokenClassification.from_pretrained(
-            fetch_dir(self.spec.init_from), **self.spec.model_overrides
-        )
+        return AlbertForTokenClassification.from_pretrained(fetch_dir(self.spec.init_from), **self.spec.model_overrides)
 
     def statistics(self, logits: torch.Tensor, loss: torch.Tensor, batch) -> dict[str, torch.Tensor]:
         labels = batch["label"].long()
