@@ -50,7 +50,7 @@ def test_an_epoch_is_a_permutation_of_every_row_new_each_epoch_and_the_same_for_
 
 
 def test_a_resume_mid_epoch_reads_only_the_windows_from_its_position_and_trains_the_same_micro_batches():
-    rows, window, batch, slots = 512, 16, 8, 2  # 32 global batches of 16 rows, 32 windows
+    rows, window, batch, slots = 512, 24, 8, 2  # 32 global batches of 16 rows; 22 windows, the last one of 8 rows
     order = EpochOrder(rows, seed=0, epoch=2, window=window)
     whole = CountingRows(rows)
     full = [
@@ -58,7 +58,7 @@ def test_a_resume_mid_epoch_reads_only_the_windows_from_its_position_and_trains_
         for i, s, r in slot_batches(whole.read, order, batch_size=batch, slots=range(2), slot_count=slots)
     ]
     assert len(full) == rows // batch and len(whole.rows_read()) == rows
-    for start in (3, 16, 29):
+    for start in (3, 16, 29):  # 16: its position, 256, falls 8 rows into a window
         resumed = CountingRows(rows)
         tail = [
             (i, s, r["id"].tolist())
@@ -67,9 +67,12 @@ def test_a_resume_mid_epoch_reads_only_the_windows_from_its_position_and_trains_
             )
         ]
         assert tail == full[start * slots :]
-        trained_before = set(order.take(0, start * batch * slots).tolist())
-        assert not resumed.rows_read() & trained_before  # no skipped row is read, none masked
-        assert len(resumed.rows_read()) == rows - start * batch * slots
+        position = start * batch * slots
+        first = order.starts[order.window_span(position, position + 1).start]  # where its window begins
+        trained_before = set(order.take(0, position).tolist())
+        # of the rows trained before, only those of the position's own window are read (and none is masked)
+        assert resumed.rows_read() & trained_before == set(order.take(first, position).tolist())
+        assert len(resumed.rows_read()) == rows - first
 
 
 def test_each_rank_reads_only_the_windows_of_its_own_slots():

@@ -163,8 +163,8 @@ class PretrainingTask(TrainingTask):
 
     def train_batches_from(self, epoch, phase, start):
         """This rank's micro-batches of `epoch` from global micro-batch `start` on, read straight from the phase's
-        Parquet shards in the epoch's seeded order (`train.feed.EpochOrder`): a resumed run reads and masks none
-        of the micro-batches it had trained on."""
+        Parquet shards in the epoch's seeded order (`train.feed.EpochOrder`): a resumed run masks none of the
+        micro-batches it had trained on, and reads from the window that holds its position on."""
         from albert_dist.data.masking import batch_rng
 
         seed, spec, split = self.spec.seed, self.phase(phase), self.split_rows(phase)

@@ -4,8 +4,9 @@ Training reads an epoch in an order that is a pure function of (seed, epoch, row
 batch is `batch_size × slots` consecutive positions of that order, cut into `slots` micro-batches of `batch_size`
 rows; each rank trains the slots `slot_range` gives it (one each when the run has as many workers as slots). So
 the ranks' shares are disjoint, global batch N of an epoch starts at position N × batch_size × slots, a resumed
-run starts reading there (it reads none of the rows it had trained on), and an elastic run (`slots` = its most
-workers) trains the same micro-batches whatever its worker count. Ray Data's local shuffle buffer could not seek:
+run starts reading at the window that holds it (of the rows it had trained on, it reads at most that window's and
+masks none), and an elastic run (`slots` = its most
+workers) trains the same micro-batches whatever its worker count. Ray Data's local shuffle buffer cannot seek:
 the rows it yields depend on every row before them.
 
 Evaluation reads a Ray dataset from its start (`rank_batches`): it never resumes mid-way.
