@@ -21,7 +21,10 @@ import json
 import math
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -226,12 +229,21 @@ class CheckpointManager:
     evaluation's ("best") or the last step's ("last", with the best evaluation's kept in `best_model/` beside it).
     A published model is what `task.save_model` writes, without the task's training-only tensors.
 
+    A checkpoint is staged on local disk and handed to `env.report`, which may store it in the background (Ray
+    Train's asynchronous upload) and hand back a `Future` that is done once the checkpoint is durable in the run's
+    storage; the staged copy is then the upload's to remove. The final model is published only once every
+    checkpoint before it and its own are durable. A drain notice (`notice`) makes the next checkpoint the drain's:
+    when it is durable the time since the notice is printed and logged as `drain_checkpoint_durable_s`; one still
+    uploading at the notice's deadline is said not to be durable.
+
     Every rank calls `report` and `keep_best` alike; only rank 0 writes.
     """
 
     def __init__(self, task, env, every: int, publish: str = "best"):
         self.task, self.env, self.every, self.publish = task, env, every, publish
         self.best: float | None = None
+        self._notice: tuple[float, float | None] | None = None
+        self._drain: DrainUpload | None = None
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
@@ -252,13 +264,36 @@ class CheckpointManager:
                 join_location(self.env.publish_to, name), lambda d: self.task.save_model(model, d), marker=CONFIG_NAME
             )
 
+    def notice(self, deadline: float | None) -> None:
+        """A node of the run was told to drain (by `deadline`, a UNIX time, when known): the next checkpoint is the
+        drain's."""
+        if self.env.is_main:
+            self._notice = (time.perf_counter(), deadline)
+
+    def settle(self) -> None:
+        """Log `drain_checkpoint_durable_s` once the drain's checkpoint is durable (from the training thread: the
+        metrics logger is not shared with the upload's)."""
+        drain = self._drain
+        if drain is None or drain.durable_s is None:
+            return
+        self._drain = None
+        if self.env.log_metrics:
+            self.env.log_metrics({"drain_checkpoint_durable_s": drain.durable_s}, drain.step)
+
     def report(
         self, metrics: dict[str, Any], model: torch.nn.Module, trainer_state: dict[str, Any] | None, final: bool = False
     ) -> None:
         """Report `metrics`, with a checkpoint of `model` and `trainer_state` when that is given; at the `final`
-        step of the run, publish the last model when that is the policy."""
-        if final and self.publish == "last":
-            self._publish(model, PUBLISHED_MODEL)
+        step of the run, publish the last model when that is the policy, once its checkpoint is durable."""
+        self._report(metrics, model, trainer_state, final)
+        if final:
+            self.settle()
+            if self.publish == "last":
+                self._publish(model, PUBLISHED_MODEL)
+
+    def _report(
+        self, metrics: dict[str, Any], model: torch.nn.Module, trainer_state: dict[str, Any] | None, final: bool
+    ) -> None:
         if trainer_state is None:
             self.env.report(metrics, None)
             return
@@ -273,8 +308,8 @@ class CheckpointManager:
             "task": self.task.state(),
             "rng_states": rng_states,
         }
-        with tempfile.TemporaryDirectory(prefix="albert-ckpt-") as tmp:
-            directory = Path(tmp)
+        directory = Path(tempfile.mkdtemp(prefix="albert-ckpt-"))
+        try:
             with disk_full_errors(f"the checkpoint of step {step} ({directory}, then the run's storage)"):
                 self.task.save_model(model, directory / MODEL_DIR)
                 self.task.save_training_only(model, directory / MODEL_DIR)
@@ -283,7 +318,19 @@ class CheckpointManager:
                     state,
                     {"step": step, "epoch": trainer_state["epoch"], "fingerprint": self.env.fingerprint},
                 )
-                self.env.report(metrics, directory)
+                upload = self.env.report(metrics, directory)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        if upload is None:  # stored before `report` returned
+            shutil.rmtree(directory, ignore_errors=True)
+            upload = Future()
+            upload.set_result(None)
+        if self._notice is not None:
+            self._drain = DrainUpload(step, *self._notice, upload, self.env.print_fn)
+            self._notice = None
+        if final:
+            upload.result()
 
     def restore(self, model: torch.nn.Module, directory: Path) -> dict[str, Any]:
         """Load the checkpoint at `directory` into `model`, the task and this rank's RNG; returns the trainer's
@@ -296,6 +343,40 @@ class CheckpointManager:
         if self.env.rank < len(rng_states):
             set_rng_state(rng_states[self.env.rank], self.env.device)
         return state
+
+
+class DrainUpload:
+    """The drain's checkpoint on its way to the run's storage: says when it became durable, counted from the
+    notice, and whether that was before the notice's deadline; says so at the deadline if it is still uploading
+    (a node gone at its deadline takes the local copy with it: that checkpoint does not count)."""
+
+    def __init__(self, step: int, notice_at: float, deadline: float | None, upload: Future, say: Callable[[str], None]):
+        self.step, self.notice_at, self.deadline, self.say = step, notice_at, deadline, say
+        self.durable_s: float | None = None
+        self._late = None
+        if deadline is not None:
+            self._late = threading.Timer(max(0.0, deadline - time.time()), self._at_deadline)
+            self._late.daemon = True
+            self._late.start()
+        upload.add_done_callback(self._durable)
+
+    def _durable(self, upload: Future) -> None:
+        if upload.exception() is not None:
+            return
+        durable_s = time.perf_counter() - self.notice_at
+        if self._late is not None:
+            self._late.cancel()
+        left = self.deadline - time.time() if self.deadline is not None else None
+        left = "" if left is None else f", {abs(left):.1f} s {'before' if left >= 0 else 'after'} the deadline"
+        self.say(f"step {self.step} | drain checkpoint durable {durable_s:.1f} s after the notice{left}")
+        self.durable_s = durable_s
+
+    def _at_deadline(self) -> None:
+        if self.durable_s is None:
+            self.say(
+                f"step {self.step} | warning: the drain checkpoint is not durable at the deadline (still uploading): "
+                f"a resume takes the checkpoint stored before it"
+            )
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:

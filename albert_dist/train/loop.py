@@ -149,9 +149,9 @@ class WorkerEnv:
     #: recorded in every checkpoint's manifest (`checkpointing.fingerprint`)
     fingerprint: dict[str, Any] | None = None
     print_fn: Callable[[str], None] = lambda line: print(line, flush=True)
-    #: whether a node of this run has been told to drain (the same answer on every rank; a collective); None where
-    #: no drain can come
-    draining: Callable[[], bool] | None = None
+    #: whether a node of this run has been told to drain (the same answer on every rank; a collective): false, or
+    #: the drain's deadline as a UNIX time (True when it has none); None where no drain can come
+    draining: Callable[[], bool | float] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -268,8 +268,11 @@ class Trainer:
         reached is written before the node goes; the event is logged as `drain_notice_step`."""
         if self.env.draining is None or self.position.step % self.settings.drain_check_every:
             return False
+        self.checkpoints.settle()
         draining = self.env.draining()
-        notice, self.draining = draining and not self.draining, draining
+        notice, self.draining = bool(draining) and not self.draining, bool(draining)
+        if notice:
+            self.checkpoints.notice(None if draining is True else float(draining))
         if notice and self.env.is_main:
             step = self.position.step
             self.env.print_fn(f"step {step}/{self.settings.max_steps} | drain notice: checkpointing this step")

@@ -11,10 +11,12 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -317,13 +319,63 @@ def _train_worker(config: dict[str, Any]) -> dict[str, Any]:
     return {key: result[key] for key in ("status", "step", "message") if key in result}  # plain values only
 
 
-def _draining() -> bool:
-    return ray.train.get_preemption_info() is not None
+def _draining() -> bool | float:
+    info = ray.train.get_preemption_info()
+    if info is None:
+        return False
+    return info.deadline_ms / 1000 if info.deadline_ms else True
 
 
-def _report(metrics: dict[str, Any], checkpoint_dir: Path | None) -> None:
-    checkpoint = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
-    ray.train.report(metrics, checkpoint=checkpoint)
+#: "sync" makes `ray.train.report` wait until a checkpoint is stored (the step stalls for the upload); by default
+#: the upload runs in the background
+CHECKPOINT_UPLOAD = "ALBERT_DIST_CHECKPOINT_UPLOAD"
+
+
+def _report(metrics: dict[str, Any], checkpoint_dir: Path | None) -> Future | None:
+    """Report `metrics` with the checkpoint staged at `checkpoint_dir`, stored into the run's storage in the
+    background (Ray Train's asynchronous upload, one at a time, in order; Ray registers a checkpoint only once it
+    is stored); the future is done when it is durable."""
+    from ray.train import CheckpointUploadMode
+
+    # a report without a checkpoint goes the same way: Ray keeps reports in order, so a synchronous one would
+    # wait for the upload before it
+    mode = CheckpointUploadMode.SYNC if os.environ.get(CHECKPOINT_UPLOAD) == "sync" else CheckpointUploadMode.ASYNC
+    if checkpoint_dir is None:
+        ray.train.report(metrics, checkpoint_upload_mode=mode)
+        return None
+    storage = ray.train.get_context().get_storage()
+    durable: Future = Future()
+    ray.train.report(
+        metrics,
+        checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
+        checkpoint_upload_mode=mode,
+        delete_local_checkpoint_after_upload=False,  # `_store` removes it
+        checkpoint_upload_fn=lambda checkpoint, name: _store(storage, checkpoint, name, durable),
+    )
+    return durable
+
+
+def _store(storage, checkpoint: ray.train.Checkpoint, name: str, durable: Future) -> ray.train.Checkpoint:
+    """Store a staged checkpoint as Ray Train would, its manifest last: a checkpoint cut off while it was stored
+    has no manifest, and a manifest in storage means every file it lists is there. The staged copy is removed
+    once stored (kept if storing fails: Ray tries again from it)."""
+    import pyarrow.fs as pafs
+
+    staged = Path(checkpoint.path)
+    manifest = staged.with_name(staged.name + "." + checkpointing.MANIFEST)
+    if (staged / checkpointing.MANIFEST).exists():
+        (staged / checkpointing.MANIFEST).replace(manifest)
+    stored = storage.persist_current_checkpoint(checkpoint, name)
+    pafs.copy_files(
+        str(manifest),
+        f"{stored.path}/{checkpointing.MANIFEST}",
+        source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=storage.storage_filesystem,
+    )
+    shutil.rmtree(staged, ignore_errors=True)
+    manifest.unlink(missing_ok=True)
+    durable.set_result(None)
+    return stored
 
 
 def resume_directory(
