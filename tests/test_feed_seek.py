@@ -4,6 +4,7 @@ number, and that the loop resumes through the seek to the same weights, bit for 
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 from test_loop import Checkpoints, KeywordTask, settings, weights
 
 from albert_dist.data.loading import SplitRows
-from albert_dist.train.feed import EpochOrder, slot_batches, slot_range
+from albert_dist.train.feed import WINDOW_ROWS, EpochOrder, slot_batches, slot_range
 from albert_dist.train.loop import Trainer, WorkerEnv
 
 
@@ -182,3 +183,72 @@ def test_fine_tuning_resumes_at_its_global_batch_and_collates_none_before_it(mon
             collated.clear()
             tail = [b["input_ids"][:, 0].tolist() for b in task.train_batches_from(1, 0, 5)]
             assert len(whole) == 12 and tail == whole[5:] and len(collated) == 7
+
+
+def test_pretraining_resumes_mid_epoch_reading_and_masking_only_from_its_position(tmp_path):
+    """The pretraining task on Parquet shards in the prepared layout: from global batch `start` it serves the same
+    micro-batches and masks as the epoch read from its start, masks only those, reads only rows from the window of
+    its position on, and one worker holding both slots serves what two workers serve between them."""
+    from albert_dist.data.config import MaskingSection
+    from albert_dist.pretrain.task import PretrainingSpec
+
+    rng, rows = np.random.default_rng(0), 9000  # two windows: 8,192 rows and 808
+    lengths = rng.integers(5, 12, rows)
+    ids = [rng.integers(5, 100, n).tolist() for n in lengths]
+    (tmp_path / "train").mkdir()
+    shards = []
+    for number, (lo, hi) in enumerate([(0, 5000), (5000, rows)]):
+        table = pa.table(
+            {
+                "instance_id": np.arange(lo, hi),
+                "input_ids": pa.array(ids[lo:hi], pa.list_(pa.int32())),
+                "token_type_ids": pa.array([[0] * len(row) for row in ids[lo:hi]], pa.list_(pa.int8())),
+                "word_start": pa.array([[True] * len(row) for row in ids[lo:hi]], pa.list_(pa.bool_())),
+                "sop_label": pa.array(rng.integers(0, 2, hi - lo), pa.int8()),
+            }
+        )
+        pq.write_table(table, tmp_path / "train" / f"part-{number}.parquet", row_group_size=1024)
+        shards.append({"path": f"train/part-{number}.parquet", "rows": hi - lo})
+    manifest = {
+        "splits": {"train": {"rows": rows, "shards": shards}},
+        "tokenizer": {"vocab_size": 100, "pad_id": 0, "mask_id": 4, "special_ids": [0, 1, 2, 3, 4]},
+        "config": {"masking": MaskingSection().model_dump()},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    spec = PretrainingSpec(
+        prepared_dir=str(tmp_path),
+        manifest=manifest,
+        model_config={},
+        masking=MaskingSection(),
+        batch_size=32,
+        max_seq_length=16,
+        seed=0,
+        eval_batches=0,
+        has_eval=False,
+        slots=2,
+    )
+
+    def served(task, epoch, start=0, count=None):
+        batches = itertools.islice(task.train_batches_from(epoch, 0, start), count)
+        return [(b["input_ids"].tolist(), b["labels"].tolist(), b["sentence_order_label"].tolist()) for b in batches]
+
+    whole = served(spec.build(0, 1, dataset=None), 1)  # 140 global batches of 2 slots of 32 rows
+    assert len(whole) == 280
+    pair = [spec.build(rank, 2, dataset=None) for rank in range(2)]
+    assert served(pair[0], 1, 0, 10) == whole[0:20:2] and served(pair[1], 1, 0, 10) == whole[1:20:2]
+
+    task = spec.build(0, 1, dataset=None)
+    masked, read = [], []
+    collate, split = task.collate, task.split_rows(0)
+    task.collate = lambda *args, **kw: masked.append(1) or collate(*args, **kw)
+    read_rows = split.read
+    split.read = lambda start, stop: read.append((start, stop)) or read_rows(start, stop)
+    for start in (0, 131):
+        masked.clear(), read.clear()
+        tail = served(task, 1, start)
+        assert tail == whole[2 * start :] and len(masked) == len(tail)
+        order = EpochOrder(rows, 0, 1)
+        windows = order.window_span(start * 64, rows)  # from the window that holds the position on, each read once
+        stored = [int(order.windows[k]) * WINDOW_ROWS for k in windows]
+        assert read == [(first, min(rows, first + WINDOW_ROWS)) for first in stored]
+    assert len(windows) == 1 and len(read) == 1 and len(masked) == 18  # position 8,384: the second window
