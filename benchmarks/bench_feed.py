@@ -1,5 +1,6 @@
-"""The pretraining feed inside Ray Train workers: prepared data streamed from Parquet every epoch (the reference,
-`data.cache: stream`) against read once into Ray's object store (`data.cache: memory`).
+"""Ray Data's feed inside Ray Train workers, as pretraining reads its held-out split: prepared data streamed from Parquet
+every pass (the reference, `data.cache: stream`) against read once into Ray's object store (`data.cache: memory`).
+The training splits are read by row number instead (`data.loading.SplitRows`: benchmarks/bench_resume.py).
 
 Two workers with half a CPU each (as the tests and the demo run them) each read their slice of every global batch
 (`albert_dist.train.feed.rank_batches`, as pretraining does) for a few epochs, without a model, so what is timed is
@@ -89,8 +90,8 @@ def main() -> None:
         (Path(tmp) / "ray").mkdir()
         arms = {
             "stream-v2": lambda: {"train": ray_default_parquet_read(prepared)},
-            "stream": lambda: {"train": prepared.for_training(False)["train"]},
-            "memory": lambda: {"train": prepared.for_training(True)["train"]},
+            "stream": lambda: {"train": prepared.train},
+            "memory": lambda: {"train": prepared.train.materialize()},
         }
         for mode, datasets_of in arms.items():
             start = time.perf_counter()

@@ -140,7 +140,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = prepare(Path(tmp), args.seq)
         spec, prepared = pretraining_task(data_dir, args)
-        train = prepared.for_training(in_memory=True)["train"]  # as pretraining reads data this small
+        train = prepared.train.materialize()
         plain, distributed = [], []
         for r in range(args.rounds):
             plain.append(plain_loop(spec, train, args))

@@ -102,18 +102,18 @@ def test_same_seed_same_shards(english, tmp_path):
             assert pq.read_table(a).equals(pq.read_table(b))
 
 
-def test_training_reads_small_data_from_memory(english, monkeypatch):
+def test_training_keeps_a_small_held_out_split_in_memory(english, monkeypatch):
     import ray
 
     import albert_dist.data.loading as loading
 
     _, _, data = english
-    splits = data.for_training(in_memory=True)
-    assert set(splits) == {"train", "eval"}
-    actual = sum(ds.size_bytes() for ds in splits.values())
-    estimate = data.in_memory_bytes("train") + data.in_memory_bytes("eval")
+    splits = data.held_out(in_memory=True)
+    assert set(splits) == {"eval"}  # the training split is read by row number on the workers
+    actual = splits["eval"].size_bytes()
+    estimate = data.in_memory_bytes("eval")
     assert 0.5 * actual < estimate < 2 * actual, (estimate, actual)
-    assert splits["train"].take_batch(3)["instance_id"].tolist() == data.train.take_batch(3)["instance_id"].tolist()
+    assert splits["eval"].take_batch(3)["instance_id"].tolist() == data.eval.take_batch(3)["instance_id"].tolist()
     assert data.fits_in_memory("auto") and data.fits_in_memory("memory") and not data.fits_in_memory("stream")
     object_store = ray.cluster_resources()["object_store_memory"]
     monkeypatch.setattr(loading, "CACHE_SHARE", 0.5 * estimate / object_store)

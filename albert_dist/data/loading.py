@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import json
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -85,15 +85,6 @@ class PreparedData:
         dataset.context.execution_options.preserve_order = True
         return dataset
 
-    def for_training(self, in_memory: bool, phases: Sequence[PreparedData] = ()) -> dict[str, Any]:
-        """The splits training reads: "train" (with `phases`, the prepared data of each training phase, its
-        training split as "train_<i>") and this data's "eval" when there is one; read once into Ray's object store
-        when `in_memory` (see `fits_in_memory`)."""
-        splits = {f"train_{i}": phase.train for i, phase in enumerate(phases)} or {"train": self.train}
-        if self.eval is not None:
-            splits["eval"] = self.eval
-        return {name: dataset.materialize() for name, dataset in splits.items()} if in_memory else splits
-
     def held_out(self, in_memory: bool) -> dict[str, Any]:
         """What training reads through Ray Data: the "eval" split when there is one, read once into Ray's object
         store when `in_memory`. The training splits are read by row number on the workers (`SplitRows`)."""
@@ -102,22 +93,19 @@ class PreparedData:
         return {"eval": self.eval.materialize() if in_memory else self.eval}
 
     def fits_in_memory(self, cache: str = "auto") -> bool:
-        """Whether to keep the data in Ray's object store for training: `cache` "memory" or "stream", or "auto":
-        when the splits take at most `CACHE_SHARE` of the cluster's object store.
+        """Whether to keep the held-out split in Ray's object store for training: `cache` "memory" or "stream", or
+        "auto": when it takes at most `CACHE_SHARE` of the cluster's object store.
 
-        Training starts an epoch and an evaluation over and over: from memory one starts within a second, a
-        streamed split re-reads its Parquet shards each time (10-15 s with two workers on a 2-core machine, which
-        dominated small runs). Streaming holds no memory, for corpora bigger than the object store.
+        Training evaluates over and over: from memory an evaluation starts within a second, a streamed split
+        re-reads its Parquet shards each time (10-15 s with two workers on a 2-core machine, which dominated small
+        runs). Streaming holds no memory. The training splits are read by row number (`SplitRows`) either way.
         """
         import ray
 
         if cache != "auto":
             return cache == "memory"
         capacity = ray.cluster_resources().get("object_store_memory", 0)
-        return sum(self.in_memory_bytes(split) for split in self.training_splits()) <= CACHE_SHARE * capacity
-
-    def training_splits(self) -> list[str]:
-        return ["train"] + (["eval"] if self.rows("eval") else [])
+        return (self.in_memory_bytes("eval") if self.rows("eval") else 0) <= CACHE_SHARE * capacity
 
     def in_memory_bytes(self, split: str) -> int:
         """`split`'s estimated size once read: its rows times the Arrow bytes per row of the first shard's first

@@ -35,10 +35,10 @@ class PretrainDataSection(Section):
     )
     cache: Literal["auto", "memory", "stream"] = Field(
         "auto",
-        description="How pretraining reads the prepared data. memory: once, into Ray's object store (an "
-        "epoch starts in under a second); stream: the Parquet shards again every epoch and "
-        "evaluation (seconds each; holds no memory); auto: memory when the data takes at most "
-        "a fifth of the object store.",
+        description="How pretraining reads the held-out split, evaluated over and over. memory: once, into Ray's "
+        "object store (an evaluation starts in under a second); stream: its Parquet shards again at every "
+        "evaluation (seconds each; holds no memory); auto: memory when it takes at most a fifth of the object "
+        "store. The training splits are read by row number from their shards on each worker either way.",
     )
     packing: bool = Field(
         False,
