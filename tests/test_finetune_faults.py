@@ -11,7 +11,9 @@ from test_finetune_ray import workspace  # noqa: F401 - a fixture (its own insta
 
 pytestmark = pytest.mark.slow
 
-STEPS = 32  # 512 rows, 2 epochs of 16 steps on 2 workers: checkpoints at 16 and 32
+STEPS = (
+    96  # 512 rows, 6 epochs of 16 steps on 2 workers: a checkpoint every 16 steps, the interrupt lands after the first
+)
 
 
 def finetune_overrides(root: Path, name: str) -> list[str]:
@@ -22,7 +24,7 @@ def finetune_overrides(root: Path, name: str) -> list[str]:
         f"data.train={root / 'train.csv'}",
         f"data.dev={root / 'dev.jsonl'}",
         "data.max_seq_length=32",
-        "finetune.epochs=2",
+        "finetune.epochs=6",
         "scaling.num_workers=2",
         "scaling.cpus_per_worker=0.5",
         "train.precision=fp32",
