@@ -15,6 +15,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,9 @@ class WorkerEnv:
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m
-    report: Callable[[dict[str, float], Path | None], None] = lambda metrics, checkpoint: None
+    #: reports metrics with the checkpoint staged in a directory; a `Future` handed back means the checkpoint is
+    #: stored in the background (done once durable) and the directory is the upload's to remove
+    report: Callable[[dict[str, float], Path | None], Future | None] = lambda metrics, checkpoint: None
     resume_dir: Path | None = None
     log_metrics: Callable[[dict[str, float], int], None] | None = None
     #: the run's home, where `CheckpointManager` publishes the model; None publishes nothing
