@@ -6,7 +6,8 @@ from the same initial weights with the same data and hyperparameters; then predi
 question-answering pipeline.
 
     pip install -e .[bench]                    # transformers + accelerate (Trainer needs it)
-    python benchmarks/bench_qa.py              # short and long contexts, 1 round each, prediction
+    python benchmarks/bench_qa.py              # short and long contexts, 1 round each, prediction: ~20 min
+                                               # at load 8-16 (--predict-repeats 1)
     python benchmarks/bench_qa.py --quick      # a smoke run: 320 / 100 questions, 1 epoch, 80 / 30 long
 
 Data: no Chinese reading-comprehension set (CMRC2018, DRCD, DuReader) reaches this machine, so the questions are
@@ -35,8 +36,10 @@ H=312, 4 layers) with a seeded QA head (qa_outputs, 2 outputs), saved in the tra
    post-processing). Same AdamW (eps 1e-6, clip 1.0), linear warmup schedule, weight decay, batch, epochs, length
    grouping, padding to 8, max_seq_length, doc_stride, 20-best decoding, max_answer_length. Both sides' answers are
    scored by one meter, CMRC2018's EM / F1 (albert_dist.finetune.qa_metrics): ours' job scores its answers itself,
-   theirs' post-processed answer strings are scored by the same functions. Second meter: transformers'
-   pipeline("question-answering") on each exported directory, its answers scored alike.
+   theirs' post-processed answer strings are scored by the same functions (theirs' dev windows are predicted in
+   order: Trainer's eval sampler would group them by length too). Second meter: transformers'
+   pipeline("question-answering") on each exported directory, its answers scored alike. transformers 5 removed
+   that pipeline: its side runs transformers 4.57.6 (the last release with it), pip-installed into --cache-dir.
 2. Prediction (one subprocess, 2 torch threads, the short export of ours): ours' `qa_task.answer_questions`
    (batches of 64) against pipeline("question-answering") at batch 1 (its default) and 64, on the dev questions of
    each set; the answers compared question by question.
@@ -635,10 +638,10 @@ def main() -> None:
         default=Path(tempfile.gettempdir()) / "albert-bench-qa",
         help="the wheel, the data, the models and every run's output",
     )
-    parser.add_argument("--train-rows", type=int, default=2000, help="short-context training questions")
-    parser.add_argument("--dev-rows", type=int, default=600, help="short-context dev questions")
-    parser.add_argument("--long-train-rows", type=int, default=400, help="long-context training questions (0: none)")
-    parser.add_argument("--long-dev-rows", type=int, default=150, help="long-context dev questions")
+    parser.add_argument("--train-rows", type=int, default=800, help="short-context training questions")
+    parser.add_argument("--dev-rows", type=int, default=300, help="short-context dev questions")
+    parser.add_argument("--long-train-rows", type=int, default=100, help="long-context training questions (0: none)")
+    parser.add_argument("--long-dev-rows", type=int, default=60, help="long-context dev questions")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
