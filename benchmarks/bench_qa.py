@@ -16,8 +16,8 @@ context and each entity type of which the context holds exactly one mention, one
 (PER 文中提到的人是谁？, LOC 文中提到的地方是哪里？, ORG 文中提到的机构是哪个？) and its answer is that mention's
 character span (text and answer_start), written in SQuAD v1's JSON layout (CMRC2018's). A context with two people
 asks nothing about people: every question has exactly one right span. Short: each MSRA sentence is a context (at
-most 126 characters: nearly every question fits one 128-piece window). Long: consecutive msra_train sentences (in
-the file's order) joined until the context reaches 400 characters, read through 128-piece windows that overlap by
+most 100 characters in this wheel: every question fits one 128-piece window). Long: consecutive msra_train sentences
+(in the file's order) joined until the context reaches 400 characters, read through 128-piece windows that overlap by
 doc_stride pieces, so answers are found across windows. Train questions come from msra_train, dev questions from
 msra_test (a dev context equal to a train context is dropped): disjoint by sentence.
 
@@ -25,8 +25,8 @@ Why it is a fair extractive test: the answer is a span of the context found by p
 piece, scored by CMRC2018's exact match and character F1, exactly as on CMRC2018; the model must find entity
 boundaries (NER) and pick the type the question names among the context's other entities. Its limits: the questions
 are three fixed templates (no paraphrase, no reasoning over the context: a typed span extractor suffices); answers
-are names only (2-10 characters; CMRC2018's are longer phrases too); the short contexts rarely need windows; and the
-labels are MSRA's annotation, not human questions.
+are names only (1-19 characters, mostly up to 8; CMRC2018's are longer phrases too); the short contexts need no
+windows; and the labels are MSRA's annotation, not human questions.
 
 Model: bench_ner's initial model (a vocab.txt trained on msra_train's text, a seeded random `tiny` ALBERT: E=128,
 H=312, 4 layers) with a seeded QA head (qa_outputs, 2 outputs), saved in the transformers layout; both sides load it.
