@@ -135,3 +135,22 @@ def test_a_relaunched_finished_run_whose_last_report_ray_lost_ends_at_its_end(tm
     again = run_training(training_plan(**run))
     assert again.metrics["step"] == 4 and again.metrics["resumed_from_step"] == 4
     assert again.metrics["eval_accuracy"] == first.metrics["eval_accuracy"]
+
+
+def test_a_worker_that_died_is_one_line_and_a_bug_keeps_rays_error():
+    """A worker's process killed (no Python error of ours to show) ends the command on one line saying the
+    checkpoints are kept; any other failure in a worker stays Ray's error, whose traceback shows the bug."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    from albert_dist.train.ray_runner import WorkersLost, _user_error
+
+    # how Ray Train's WorkerGroupError holds a worker whose process was killed
+    died = _user_error([WorkerHealthCheckFailedError("A worker health check failed.", ActorDiedError())], "/runs/x")
+    assert isinstance(died, WorkersLost)
+    assert str(died) == (
+        "a training worker died (The actor died unexpectedly before finishing this task.) with no restart left "
+        "(train.max_failures); the checkpoints stored before are kept: relaunch the same run.name to resume from them"
+    )
+    bug = RayTaskError("train_fn", "Traceback ...", ZeroDivisionError("division by zero"))
+    assert _user_error([bug], "/runs/x") is None

@@ -348,10 +348,12 @@ def test_uploads_cut_off_by_killing_the_uploader_are_never_resumed_from_nor_take
     finally:
         proxy.close()
     output = out.stdout + out.stderr
-    # a worker's death is Ray's error (WorkerGroupError), raised out of the command
     statuses = re.findall(r"^exit status: (\S+)$", out.stdout, re.M)
     assert len(cut) == 2 and len(statuses) == 3, (cut, statuses, output[-3000:])
     assert "0" not in statuses[:2] and statuses[2] == "0", (statuses, output[-3000:])
+    # each killed run ends on one line saying so (max_failures 0), not on Ray's traceback
+    lost = re.findall(r"^albert-dist: error: a training worker died \(.*\) with no restart left", output, re.M)
+    assert len(lost) == 2, (statuses, out.stderr[-3000:])
 
     # the first kill: the checkpoint of step 10 whole, the one being uploaded cut off (on the server, not whole)
     whole = verified_checkpoints(cut[0], "cut")

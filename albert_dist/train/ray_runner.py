@@ -25,6 +25,7 @@ import ray
 import ray.train
 import ray.train.torch
 import torch
+from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
@@ -44,6 +45,10 @@ class TrainingStalled(AlbertDistError):
 
 class TrainingDiverged(AlbertDistError):
     """The loss stayed non-finite; training stopped with the last good checkpoint kept."""
+
+
+class WorkersLost(AlbertDistError):
+    """A training worker's process or node died (killed, out of memory, preempted) with no restart left."""
 
 
 @dataclass
@@ -187,13 +192,19 @@ def run_training(
 def _user_error(failures, storage_dir: Path | str) -> Exception | None:
     """The one-line error of a failed training, when the failures of its workers or controller show one: a
     worker's own `AlbertDistError` (a full disk while staging a checkpoint, bad data, the object store failing
-    the run's own writes), or a full disk or an object store failing while Ray Train stored a checkpoint into
-    the run's storage. None: Ray's error says it best."""
+    the run's own writes), a full disk or an object store failing while Ray Train stored a checkpoint into
+    the run's storage, or a worker's process that died (no Python error of ours to show). None: Ray's error
+    (a bug's traceback) says it best."""
     for failure in failures:
         cause = getattr(failure, "cause", failure)  # a RayTaskError carries the worker's exception as its cause
+        # a worker found dead by Ray Train's health check carries Ray's error about the actor
+        cause = getattr(cause, "health_check_failure", cause)
         if isinstance(cause, AlbertDistError):
             return cause
         kept = "the checkpoints stored before are kept: relaunch the same run.name to resume from them"
+        if isinstance(cause, (RayActorError, NodeDiedError, WorkerCrashedError)):
+            reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+            return WorkersLost(f"a training worker died ({reason}) with no restart left (train.max_failures); {kept}")
         if is_disk_full(cause):
             return disk_full_error(f"a checkpoint into the run's storage {storage_dir} ({kept})")
         stored = object_store_error(cause, storage_dir)
