@@ -232,9 +232,10 @@ class CheckpointManager:
     A checkpoint is staged on local disk and handed to `env.report`, which may store it in the background (Ray
     Train's asynchronous upload) and hand back a `Future` that is done once the checkpoint is durable in the run's
     storage; the staged copy is then the upload's to remove. The final model is published only once every
-    checkpoint before it and its own are durable. A drain notice (`notice`) makes the next checkpoint the drain's:
-    when it is durable the time since the notice is printed and logged as `drain_checkpoint_durable_s`; one still
-    uploading at the notice's deadline is said not to be durable.
+    checkpoint before it and its own are durable. A drain notice (`notice`) makes the next checkpoint the drain's,
+    which training waits for (what it would train meanwhile is lost when the node goes, and on a busy node the
+    upload competes with it): when it is durable the time since the notice is printed and logged as
+    `drain_checkpoint_durable_s`; one still uploading at the notice's deadline is said not to be durable.
 
     Every rank calls `report` and `keep_best` alike; only rank 0 writes.
     """
@@ -326,10 +327,12 @@ class CheckpointManager:
             shutil.rmtree(directory, ignore_errors=True)
             upload = Future()
             upload.set_result(None)
-        if self._notice is not None:
+        drain = self._notice is not None
+        if drain:
             self._drain = DrainUpload(step, *self._notice, upload, self.env.print_fn)
             self._notice = None
-        if final:
+        # the steps after a drain's checkpoint are lost with the node: the upload gets the CPUs to itself
+        if final or drain:
             upload.result()
 
     def restore(self, model: torch.nn.Module, directory: Path) -> dict[str, Any]:
