@@ -182,7 +182,9 @@ def trained(result: dict) -> bool:
 
 def saving(device: torch.device, directory: Path, **kw) -> WorkerEnv:
     """An environment that keeps a copy of each checkpoint under `directory`/step<N>, as Ray's storage would."""
-    return quiet(device, report=lambda metrics, d: d and shutil.copytree(d, directory / f"step{metrics['step']}"), **kw)
+    return quiet(
+        device, report=lambda metrics, d: d and shutil.copytree(d, directory / f"step{metrics['step']}") and None, **kw
+    )
 
 
 def exact_resume(device: torch.device, workdir: Path) -> str:

@@ -59,7 +59,7 @@ def test_checkpoint_holds_each_ranks_cuda_generator(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state", fake.set_rng_state)
     task, cuda = ClassifyTask(), torch.device("cuda:0")
     written = tmp_path / "ckpt"
-    env = WorkerEnv(device=cuda, report=lambda metrics, d: d and shutil.copytree(d, written))
+    env = WorkerEnv(device=cuda, report=lambda metrics, d: d and shutil.copytree(d, written) and None)
     model = task.build_model()
     cpu_state = torch.get_rng_state()
     checkpointing.CheckpointManager(task, env, every=1).report({}, model, {"step": 1, "epoch": 0})
@@ -254,11 +254,36 @@ def labelled(count: int, seed: int) -> InMemory:
     )
 
 
+def prepared_train_split(directory: Path, rows: InMemory) -> dict:
+    """`rows` written as a prepared dataset's training split (one Parquet shard), which pretraining reads by row
+    number; returns the manifest's `splits`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = rows.columns
+    count = len(columns["sop_label"])
+    (directory / "train").mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {
+            "instance_id": np.arange(count),
+            "input_ids": pa.array([list(map(int, r)) for r in columns["input_ids"]], pa.list_(pa.int32())),
+            "token_type_ids": pa.array([list(map(int, r)) for r in columns["token_type_ids"]], pa.list_(pa.int8())),
+            "word_start": pa.array([list(map(bool, r)) for r in columns["word_start"]], pa.list_(pa.bool_())),
+            "sop_label": pa.array(columns["sop_label"], pa.int8()),
+        }
+    )
+    pq.write_table(table, directory / "train" / "part-0.parquet")
+    return {"train": {"rows": count, "shards": [{"path": "train/part-0.parquet", "rows": count}]}}
+
+
 def pretraining_task(tmp_path: Path, packing: bool):
+    import json
+
     from albert_dist.data.config import MaskingSection
     from albert_dist.pretrain.task import PretrainingSpec
 
     manifest = {
+        "splits": prepared_train_split(tmp_path, instances(32, 0)),
         "tokenizer": {
             "vocab_size": TINY["vocab_size"],
             "pad_id": PAD,
@@ -267,6 +292,7 @@ def pretraining_task(tmp_path: Path, packing: bool):
         },
         "config": {"masking": MaskingSection().model_dump()},
     }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     spec = PretrainingSpec(
         prepared_dir=str(tmp_path),
         manifest=manifest,
@@ -279,7 +305,7 @@ def pretraining_task(tmp_path: Path, packing: bool):
         has_eval=True,
         packing=packing,
     )
-    return spec.build(0, 1, {"train": instances(32, 0), "eval": instances(8, 1)}.__getitem__)
+    return spec.build(0, 1, {"eval": instances(8, 1)}.__getitem__)  # training reads the shard
 
 
 def saved_model(directory: Path, cls=AlbertForPreTraining, **config) -> Path:
@@ -407,7 +433,7 @@ def test_step_optimizer_and_restored_checkpoint_stay_on_the_device(tmp_path, opt
     Trainer(
         ClassifyTask(),
         settings(optimizer=optimizer, max_steps=2, checkpoint_every=2),
-        WorkerEnv(report=lambda metrics, d: d and shutil.copytree(d, written)),
+        WorkerEnv(report=lambda metrics, d: d and shutil.copytree(d, written) and None),  # stored before returning
     ).fit()
     meta = torch.device("meta")
     trainer = Trainer(ClassifyTask(), settings(optimizer=optimizer), WorkerEnv(device=meta, resume_dir=written))
