@@ -49,7 +49,9 @@ def pytest_addoption(parser):
         "--record-durations",
         metavar="PATH",
         help="write each test file's seconds (set-up, call and teardown of its tests) to PATH as JSON: the order "
-        "the suite runs its files in (tests/durations.json)",
+        "the suite runs its files in (tests/durations.json). Give it as --record-durations=PATH: pytest takes a "
+        "separate argument naming an existing file outside the checkout for a test path, and then finds neither "
+        "its configuration nor this option",
     )
 
 
