@@ -13,6 +13,7 @@ from effect_helpers import Together, keys_without_effect, leaf_keys
 from albert_dist.config import load_config
 from albert_dist.demo.config import DemoJobConfig
 from albert_dist.demo.job import plan_demo
+from albert_dist.model import AlbertConfig
 from albert_dist.tune.config import DistillTuneConfig, FinetuneTuneConfig
 from albert_dist.tune.sweep import plan_sweep
 
@@ -49,6 +50,9 @@ REPLACED_BY_THE_TRIAL = {
 
 
 def test_every_sweep_key_changes_its_plan(tmp_path):
+    # a distillation sweep reads its teacher's task (its default metric) when it is planned
+    (tmp_path / "teacher").mkdir()
+    AlbertConfig(architectures=["AlbertForSequenceClassification"]).to_json_file(tmp_path / "teacher" / "config.json")
     for config, job in (
         (FinetuneTuneConfig, {"model.init_from": str(tmp_path / "model")}),
         (DistillTuneConfig, {"distill.teacher": str(tmp_path / "teacher")}),
