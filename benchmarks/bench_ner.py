@@ -167,14 +167,23 @@ def _label2id() -> dict[str, int]:
 
 # ------------------------------------------------------------------------------------------------------ ours
 def ours_command(args, init_from: Path, data: dict, out: Path, name: str) -> list[str]:
+    task = {
+        "data.labels": "[" + ",".join(LABELS) + "]",
+        "data.group_by_length": str(args.group_by_length).lower(),
+        "finetune.task": "token_classification",
+    }
+    return finetune_command(args, init_from, data, task, out, name, EXPERIMENT)
+
+
+def finetune_command(args, init_from: Path, data: dict, task: dict, out: Path, name: str, experiment: str) -> list[str]:
+    """`albert-dist finetune` as the benchmarks run ours: the task's own keys (`task`) over the shared settings, one
+    worker of --threads CPUs, fp32 AdamW, no evaluation before the end, MLflow in `out`."""
     settings = {
         "model.init_from": init_from,
         "data.train": data["train"],
         "data.dev": data["dev"],
-        "data.labels": "[" + ",".join(LABELS) + "]",
         "data.max_seq_length": args.max_seq_length,
-        "data.group_by_length": str(args.group_by_length).lower(),
-        "finetune.task": "token_classification",
+        **task,
         "finetune.epochs": args.epochs,
         "finetune.warmup_ratio": args.warmup_ratio,
         "finetune.layer_lr_decay": 1.0,
@@ -192,7 +201,7 @@ def ours_command(args, init_from: Path, data: dict, out: Path, name: str) -> lis
         "run.output_dir": out,
         "run.seed": args.seed,
         "tracking.tracking_uri": f"sqlite:///{out / 'mlflow.db'}",
-        "tracking.experiment": EXPERIMENT,
+        "tracking.experiment": experiment,
     }
     command = [sys.executable, "-m", "albert_dist.cli", "finetune"]
     for key, value in settings.items():

