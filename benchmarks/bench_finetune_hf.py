@@ -187,6 +187,34 @@ def transformers_tokenizer(model_dir: Path):
     return tokenizer
 
 
+def trainer_arguments(args, work: Path, steps: int, group_by_length: bool):
+    """The Trainer's settings of every fine-tuning benchmark, as ours trains: AdamW (eps 1e-6, clip 1.0), linear
+    warmup and decay, whole batches, no evaluation, saving or logging on the way, the CPU."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(work / "hf-out"),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64,
+        num_train_epochs=args.epochs,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        adam_epsilon=1e-6,
+        max_grad_norm=1.0,
+        lr_scheduler_type="linear",
+        warmup_steps=round(args.warmup_ratio * steps),
+        dataloader_drop_last=True,
+        seed=args.seed,
+        train_sampling_strategy="group_by_length" if group_by_length else "random",
+        eval_strategy="no",
+        save_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+
+
 def hf_side(args) -> None:
     """The transformers Trainer run, in its own process (imports timed by the parent); prints one JSON line."""
     import numpy as np
@@ -195,7 +223,6 @@ def hf_side(args) -> None:
         AlbertForSequenceClassification,
         DataCollatorWithPadding,
         Trainer,
-        TrainingArguments,
     )
 
     torch.set_num_threads(args.threads)
@@ -212,27 +239,7 @@ def hf_side(args) -> None:
     train, test = encoded("train"), encoded("test")
     steps = int(args.epochs * (len(train) // args.batch_size))
     model = AlbertForSequenceClassification.from_pretrained(model_dir)
-    training_args = TrainingArguments(
-        output_dir=str(work / "hf-out"),
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64,
-        num_train_epochs=args.epochs,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        lr_scheduler_type="linear",
-        warmup_steps=round(args.warmup_ratio * steps),
-        dataloader_drop_last=True,
-        seed=args.seed,
-        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
-        eval_strategy="no",
-        save_strategy="no",
-        logging_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    training_args = trainer_arguments(args, work, steps, group_by_length=args.group_by_length)
     trainer = Trainer(
         model=model,
         args=training_args,

