@@ -341,20 +341,16 @@ def _predict(args: argparse.Namespace) -> int:
 
     if args.clue_labels and not args.clue:
         raise ConfigError("--clue-labels goes with --clue tnews or --clue iflytek")
+    inference = {
+        "batch_size": args.batch_size,
+        "precision": args.precision,
+        "device": args.device,
+        "backend": args.backend,
+    }
     if args.clue:
         from albert_dist.finetune.clue_submit import write_submission
 
-        write_submission(
-            args.model,
-            args.clue,
-            args.input,
-            args.output,
-            labels_path=args.clue_labels,
-            batch_size=args.batch_size,
-            precision=args.precision,
-            device=args.device,
-            backend=args.backend,
-        )
+        write_submission(args.model, args.clue, args.input, args.output, labels_path=args.clue_labels, **inference)
         return 0
     rows = run_predict(
         args.model,
@@ -362,11 +358,8 @@ def _predict(args: argparse.Namespace) -> int:
         args.output,
         text_column=args.text_column,
         text_pair_column=args.text_pair_column,
-        batch_size=args.batch_size,
-        precision=args.precision,
-        device=args.device,
         num_actors=args.num_actors,
-        backend=args.backend,
+        **inference,
     )
     print(f"wrote {rows} predictions to {args.output}")
     return 0

@@ -220,10 +220,10 @@ def run_ours(args, init_from: Path, files, work: Path, name: str, env) -> tuple[
 
 
 # ------------------------------------------------------------------------------------------------------ theirs
-def prepare_train_features(tokenizer, examples: list[dict], max_length: int, stride: int) -> list[dict]:
-    """run_qa's prepare_train_features: windows by the tokenizer's overflow, the answer's first and last token
-    found from the offsets, [CLS] where the window does not hold it whole."""
-    enc = tokenizer(
+def tokenized_windows(tokenizer, examples: list[dict], max_length: int, stride: int):
+    """run_qa's tokenization of questions and contexts: the context cut into overlapping windows (the tokenizer's
+    overflow, `stride` tokens shared), with offsets."""
+    return tokenizer(
         [e["question"].lstrip() for e in examples],
         [e["context"] for e in examples],
         truncation="only_second",
@@ -232,6 +232,12 @@ def prepare_train_features(tokenizer, examples: list[dict], max_length: int, str
         return_overflowing_tokens=True,
         return_offsets_mapping=True,
     )
+
+
+def prepare_train_features(tokenizer, examples: list[dict], max_length: int, stride: int) -> list[dict]:
+    """run_qa's prepare_train_features: windows by the tokenizer's overflow, the answer's first and last token
+    found from the offsets, [CLS] where the window does not hold it whole."""
+    enc = tokenized_windows(tokenizer, examples, max_length, stride)
     features = []
     for i, offsets in enumerate(enc["offset_mapping"]):
         input_ids = enc["input_ids"][i]
@@ -264,15 +270,7 @@ def prepare_train_features(tokenizer, examples: list[dict], max_length: int, str
 def prepare_validation_features(tokenizer, examples: list[dict], max_length: int, stride: int):
     """run_qa's prepare_validation_features: the model's inputs, and each window's example and context offsets
     (None outside the context)."""
-    enc = tokenizer(
-        [e["question"].lstrip() for e in examples],
-        [e["context"] for e in examples],
-        truncation="only_second",
-        max_length=max_length,
-        stride=stride,
-        return_overflowing_tokens=True,
-        return_offsets_mapping=True,
-    )
+    enc = tokenized_windows(tokenizer, examples, max_length, stride)
     inputs = [
         {k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")} for i in range(len(enc["input_ids"]))
     ]

@@ -59,18 +59,19 @@ def offline_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
+def run_offline(tmp_path, script: str, *args: str) -> dict:
+    """`script` run by a fresh interpreter with the hub offline and its cache under `tmp_path`: its JSON output."""
+    run = subprocess.run(
+        [sys.executable, "-c", script, *args], env=offline_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
 def test_hub_ids_load_models_and_tokenizers_offline_from_the_cache(tmp_path):
     model = hub_cache(tmp_path / "hub")
     texts = ZH_SENTENCES[:4] + ["Deep learning用Ray Data处理，ALBERT!"]
-    run = subprocess.run(
-        [sys.executable, "-c", OFFLINE_LOADS, REPO, COMMIT, json.dumps(texts)],
-        env=offline_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
+    out = run_offline(tmp_path, OFFLINE_LOADS, REPO, COMMIT, json.dumps(texts))
     expected = model(torch.tensor([[2, 30, 31, 32, 3]])).prediction_logits
     torch.testing.assert_close(torch.tensor(out["mlm"]), expected)
     torch.testing.assert_close(torch.tensor(out["pinned_mlm"]), expected)
@@ -201,15 +202,7 @@ def test_predict_takes_a_hub_id_offline_for_a_model_and_an_export(exported, tmp_
     cached_snapshot(tmp_path / "hub", "me/lcqmc", files=exported / "model")
     cached_snapshot(tmp_path / "hub", "me/lcqmc-onnx", files=exported / "export")
     texts = [*ZH_SENTENCES[:3], *MIXED]
-    run = subprocess.run(
-        [sys.executable, "-c", OFFLINE_PREDICTS, json.dumps(texts)],
-        env=offline_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
+    out = run_offline(tmp_path, OFFLINE_PREDICTS, json.dumps(texts))
     for backend, directory in (("torch", exported / "model"), ("onnx", exported / "export")):
         local = Predictor(directory, "text", None, 4, backend=backend)({"text": np.asarray(texts, dtype=object)})
         assert out[backend].keys() == {k for k in local if k != "text"}
