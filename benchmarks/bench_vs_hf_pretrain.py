@@ -2,9 +2,10 @@
 
 Ours: `albert-dist data prepare` and `albert-dist pretrain` on their shipped configs (prepare_zh.yaml and
 pretrain_zh.yaml for Chinese, prepare_en.yaml and pretrain_en.yaml for English; `--ours-set` adds overrides,
-e.g. a shorter `train.max_steps`), the commands run in this process on one local Ray started beforehand (Ray gives
-a node 30 s to come up, which a busy shared machine can miss: it is started until it comes up), `pretrain` timed
-from its call to its return. Theirs, as transformers' `run_mlm` example trains:
+e.g. a shorter `train.max_steps`), each command run as a user runs it (`bench_job`: a subprocess that starts its
+own local Ray), `pretrain` timed from launch to exit; its in-process training step at the same shape and threads is
+measured before and after it (`bench_job.step_rate`), for the job-to-step ratio. Theirs, as transformers' `run_mlm`
+example trains:
 `AlbertForMaskedLM` of the same shape (our export's config.json) and the same vocabulary (our export's tokenizer,
 through `AutoTokenizer`), the same training text tokenized raw and grouped into 128-token blocks,
 `DataCollatorForLanguageModeling` (15 %, 80/10/10), AdamW with a linear schedule, batch 16 (ours: 2 workers x 8),
@@ -32,11 +33,11 @@ import os
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import bench_job
 import transformers
-from bench_finetune_hf import REPO, machine
+from bench_finetune_hf import machine
 
-CONFIGS = {"zh": ("prepare_zh.yaml", "pretrain_zh.yaml"), "en": ("prepare_en.yaml", "pretrain_en.yaml")}
+CONFIGS = bench_job.CONFIGS
 BLOCK = 128
 HF_BATCH = 16
 PROBE_STEPS = 12
@@ -52,80 +53,25 @@ def split_corpus(corpus: Path, work: Path, every: int) -> tuple[Path, Path]:
     return work / "train.txt", work / "heldout.txt"
 
 
-def start_ray(attempts: int = 10, pause_s: float = 30.0) -> None:
-    """A local Ray, started again (after a pause) while its node misses Ray's 30 s start-up limit. A failed start
-    leaves its GCS, dashboard and log monitor running, which ray.shutdown() does not stop: they are killed, or
-    each retry would add to the load that made it fail."""
-    import psutil
-    import ray
-
-    from albert_dist.cluster.ray_init import start_local_ray
-
-    for attempt in range(attempts):
-        before = {child.pid for child in psutil.Process().children(recursive=True)}
-        try:
-            # with its dashboard: Ray Train's placement-group cleaner asks the state API, which the dashboard
-            # serves, every second whether the training controller lives (without it, a warning each time)
-            start_local_ray(configure_logging=False)
-            return
-        except Exception as err:  # ray raises a bare Exception on a node start-up timeout
-            ray.shutdown()
-            for child in psutil.Process().children(recursive=True):
-                if child.pid not in before:
-                    child.kill()
-            if attempt == attempts - 1 or "timed out during startup" not in str(err):
-                raise
-            time.sleep(pause_s)
-
-
-def cli(*args: str) -> None:
-    from albert_dist.cli import main as albert_dist
-
-    if albert_dist([str(a) for a in args]):
-        raise SystemExit(f"albert-dist {args[0]} failed")
-
-
 def run_ours(args, work: Path, train_text: Path) -> dict:
+    """Ours as a user runs it (`bench_job.pretrain`: the command from launch to exit, local Ray started by it), and
+    the job's tokens/s against its in-process step at the same shape on 2 threads, measured before and after."""
     prepare, pretrain = CONFIGS[args.language]
-    common = ["--set", f"run.output_dir={work}", "--set", "data.output=prepared"]
-    if not (work / "prepared" / "manifest.json").exists():
-        cli(
-            "data",
-            "prepare",
-            "--config",
-            REPO / "albert_dist/configs" / prepare,
-            *common,
-            "--set",
-            f"data.inputs=[{train_text}]",
-            *[a for s in args.prepare_set for a in ("--set", s)],
-        )
-    overrides = [a for s in args.ours_set for a in ("--set", s)]
-    name = f"ours-{time.strftime('%H%M%S')}"  # a run of its own, not a resume of an earlier one
-    started = time.perf_counter()
-    cli(
-        "pretrain",
-        "--config",
-        REPO / "albert_dist/configs" / pretrain,
-        *common,
-        "--set",
-        f"run.name={name}",
-        *overrides,
-    )
-    seconds = time.perf_counter() - started
+    data_dir = bench_job.prepare(prepare, work, train_text, args.prepare_set)
+    threads = os.cpu_count() or 1
+    before = bench_job.step_rate(pretrain, data_dir, args.ours_set, threads)
+    ours = bench_job.pretrain(pretrain, work, "ours", args.ours_set)
+    after = bench_job.step_rate(pretrain, data_dir, args.ours_set, threads)
+    step = (before + after) / 2
     from albert_dist.config import load_config
-    from albert_dist.data.loading import load_prepared
     from albert_dist.pretrain.config import PretrainJobConfig
 
-    cfg = load_config(PretrainJobConfig, REPO / "albert_dist" / "configs" / pretrain, list(args.ours_set))
-    steps = cfg.train.max_steps
-    lengths = pq.read_table(load_prepared(work / "prepared").shard_paths("train")).column("input_ids")
-    mean_length = sum(len(chunk.values) for chunk in lengths.chunks) / len(lengths)
-    batch = cfg.train.batch_size * cfg.scaling.num_workers * cfg.train.grad_accum_steps
+    steps = load_config(PretrainJobConfig, pretrain, list(args.ours_set)).train.max_steps
     return {
-        "seconds": seconds,
+        **ours,
         "steps": steps,
-        "tokens": steps * batch * mean_length,
-        "model": str(work / name / "model"),
+        "step_tokens_per_s": [before, after],
+        "job_over_step": ours["job_tokens_per_s"] / step,
     }
 
 
@@ -228,10 +174,20 @@ def table(ours: dict, hf: dict) -> str:
         ("training wall time, s", "seconds", "{:.0f}"),
         ("optimizer steps", "steps", "{:.0f}"),
         ("tokens processed", "tokens", "{:,.0f}"),
+        ("tokens/s of wall time", "tokens_per_s", "{:,.0f}"),
     ]
+    ours, hf = (
+        {**ours, "tokens_per_s": ours["tokens"] / ours["seconds"]},
+        {**hf, "tokens_per_s": hf["tokens"] / hf["seconds"]},
+    )
     lines = ["| | ours (albert-dist pretrain) | transformers Trainer (run_mlm) |", "|---|---|---|"]
     lines += [f"| {name} | {fmt.format(ours[key])} | {fmt.format(hf[key])} |" for name, key, fmt in rows]
     lines.append(f"| learning rate | shipped config | {hf['lr']:g} (best of {hf['lrs']}) |")
+    lines.append(
+        f"\nours' job at {ours['job_over_step']:.2f} of its in-process step ({ours['step_tokens_per_s']} tok/s before "
+        f"and after); evaluation {ours['evaluation_pct']} %, checkpoints {ours['checkpoint_pct']} % of its loop's "
+        f"wall time; tokens/s ours / theirs {ours['tokens_per_s'] / hf['tokens_per_s']:.2f} (goal 1.5)"
+    )
     lines.append(
         f"\nours - theirs: {diff:+.1f} points of held-out MLM accuracy (goal: +3): {'met' if diff >= 3 else 'NOT met'}"
     )
@@ -277,11 +233,7 @@ def main() -> None:
     if args.ours_result:
         ours = args.ours_result
     else:
-        start_ray()
         ours = run_ours(args, args.work, train_text)
-        import ray
-
-        ray.shutdown()  # its idle workers off the CPUs the peer trains on
         ours.update(held_out(ours["model"], heldout, args.seed))
     print(f"ours: {json.dumps(ours)}\nload average {os.getloadavg()}", flush=True)
     torch.set_num_threads(os.cpu_count() or 1)

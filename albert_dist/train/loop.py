@@ -172,6 +172,37 @@ class Position:
     phase: int = 0
 
 
+@dataclass
+class LoopClock:
+    """Where the loop's wall time went since `fit` began: evaluation (with keeping the best model) and reports with
+    their checkpoints (the step's stall, not a background upload), the rest being training steps; and the tokens
+    trained on every rank."""
+
+    start: float = field(default_factory=time.perf_counter)
+    evaluation_s: float = 0.0
+    checkpoint_s: float = 0.0
+    tokens: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.start
+        return {
+            "loop_wall_s": wall,
+            "evaluation_share": self.evaluation_s / wall,
+            "checkpoint_share": self.checkpoint_s / wall,
+            "tokens_seen": self.tokens,
+            "loop_tokens_per_s": self.tokens / wall,
+        }
+
+    def line(self) -> str:
+        m = self.metrics()
+        training = 1 - m["evaluation_share"] - m["checkpoint_share"]
+        return (
+            f"loop time {format_duration(m['loop_wall_s'])}: training {training:.1%}, evaluation "
+            f"{m['evaluation_share']:.1%}, checkpoints {m['checkpoint_share']:.1%}; "
+            f"{m['tokens_seen']:.0f} tokens, {m['loop_tokens_per_s']:.0f} tok/s"
+        )
+
+
 class Trainer:
     def __init__(self, task: TrainingTask, settings: TrainSection, env: WorkerEnv, seed: int = 0):
         if settings.deterministic:
@@ -202,6 +233,7 @@ class Trainer:
         if self.phase_ends and self.phase_ends[-1] != settings.max_steps:
             raise ValueError(f"the task's phases end at step {self.phase_ends[-1]}, max_steps is {settings.max_steps}")
         self.position = Position()
+        self.clock = LoopClock()
         self.checkpoints = checkpointing.CheckpointManager(task, env, settings.checkpoint_every, settings.publish)
         # consecutive skipped steps so far and their longest run since the last log, kept on the device: the step
         # never waits for the device to tell whether its gradients were finite; the log interval reads them
@@ -224,6 +256,7 @@ class Trainer:
         window: dict[str, torch.Tensor] = {}
         window_start, window_steps = time.perf_counter(), 0
         fit_start, start_step = time.perf_counter(), pos.step
+        self.clock = LoopClock(start=fit_start)
         metrics: dict[str, Any] = {}
         batches = self._micro_batches()
         self._show_workers()
@@ -249,12 +282,21 @@ class Trainer:
             if self._evaluate_and_report(metrics, evaluate, checkpoint, last, start_step):
                 if self.env.is_main:
                     self.env.print_fn(f"early stop at step {pos.step}: {self.task.best_metric} did not improve")
-                return {**metrics, "status": "stopped_early", "step": pos.step}
+                self._show_clock()
+                return {**metrics, **self.clock.metrics(), "status": "stopped_early", "step": pos.step}
         if start_step == s.max_steps:
             # resumed a run that had already ended: its last report may never have reached Ray (a node lost
             # right after it), so the end is evaluated and reported again and the run's result is its end
             self._evaluate_and_report(metrics, evaluate=True, checkpoint=True, last=True, start_step=start_step)
-        return {**metrics, "status": "completed", "step": pos.step}
+        self._show_clock()
+        return {**metrics, **self.clock.metrics(), "status": "completed", "step": pos.step}
+
+    def _show_clock(self) -> None:
+        """Log and print where the loop's time went (`LoopClock`), once it has ended."""
+        if self.env.log_metrics:
+            self.env.log_metrics(self.clock.metrics(), self.position.step)
+        if self.env.is_main:
+            self.env.print_fn(f"step {self.position.step}/{self.settings.max_steps} | {self.clock.line()}")
 
     def _show_workers(self) -> None:
         """Say how a run with fewer workers than its global batch has slots makes up the batch."""
@@ -288,8 +330,9 @@ class Trainer:
     ) -> bool:
         """The end of a step: evaluate (into `metrics`), keep the best model, report with a checkpoint when one is
         due. True when the task stops early."""
-        pos = self.position
+        pos, clock = self.position, self.clock
         stop = False
+        began = time.perf_counter()
         if evaluate:
             metrics.update(self.evaluate())
             self.checkpoints.keep_best(metrics, self.model)
@@ -299,6 +342,8 @@ class Trainer:
             stop = self.task.should_stop(metrics)
             if stop:
                 metrics["stopped_early"] = 1.0
+        reporting = time.perf_counter()
+        clock.evaluation_s += reporting - began
         if last or stop:
             metrics["replicas_identical"] = float(self.replicas_identical())
             metrics["resumed_from_step"] = float(start_step if self.env.resume_dir is not None else -1)
@@ -309,6 +354,7 @@ class Trainer:
                 self._state() if checkpoint or stop else None,
                 final=last or stop,
             )
+        clock.checkpoint_s += time.perf_counter() - reporting
         return stop
 
     def replicas_identical(self) -> bool:
@@ -390,6 +436,7 @@ class Trainer:
     def _window_metrics(self, window: dict[str, torch.Tensor], steps: int, elapsed: float) -> dict[str, float]:
         sums = all_reduce_sums(window, self.env.device)
         tokens, samples = sums.pop("tokens", 0.0), sums.pop("samples", 0.0)
+        self.clock.tokens += tokens
         finite_steps = sums.pop("finite_steps", 0.0)
         grad_norm = sums.pop("grad_norm", float("nan"))
         metrics = self.task.summarize(sums)
@@ -400,6 +447,7 @@ class Trainer:
                 "grad_norm": grad_norm / finite_steps if finite_steps else float("nan"),
                 "tokens_per_s": tokens / elapsed,
                 "samples_per_s": samples / elapsed,
+                "tokens_seen": self.clock.tokens,
                 "skipped_steps": float(steps - finite_steps / self.env.world_size),
                 "workers": float(self.env.world_size),
                 # rank 0's micro-batches per step (an elastic run's workers train more of them when fewer)
