@@ -440,3 +440,22 @@ def test_the_loop_says_where_its_time_went_and_counts_the_tokens_it_trained(tmp_
     assert reports * REPORT_PAUSE_S <= result["checkpoint_share"] * wall < reports * REPORT_PAUSE_S + 1.0
     line = next(line for line in lines if "loop time" in line)
     assert f"evaluation {result['evaluation_share']:.1%}" in line and "10240 tokens" in line
+
+
+class CollapsingTask(KeywordTask):
+    """A metric that leaves its baseline of 0.05, peaks at step 20, then falls back onto it."""
+
+    plateau_warning_after = 0.0
+    readings = iter([0.10, 0.12, 0.055, 0.05])
+
+    def plateau(self, eval_metrics):
+        return "held-out accuracy", next(self.readings), 0.05
+
+
+def test_a_model_that_falls_back_onto_its_baseline_is_warned_of_once_naming_its_peak():
+    lines = []
+    Trainer(CollapsingTask(), settings(eval_every=10), WorkerEnv(print_fn=lines.append)).fit()
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 1  # not again at step 40, and no "learned nothing" warning for a model that learned
+    assert "0.055 fell back" in warnings[0] and "from 0.120 at step 20" in warnings[0]
+    assert "(step 30/40)" in warnings[0] and "learning_rate" in warnings[0]

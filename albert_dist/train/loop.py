@@ -240,6 +240,8 @@ class Trainer:
         self.nonfinite_run = torch.zeros((), dtype=torch.long, device=env.device)
         self.nonfinite_longest = torch.zeros((), dtype=torch.long, device=env.device)
         self.plateau_warned = False
+        #: the best (value, step) of the task's `plateau` metric while above its baseline, since the run (re)started
+        self.peak: tuple[float, int] | None = None
         self.draining = False
         if env.resume_dir is not None:
             self._restore(env.resume_dir)
@@ -479,18 +481,34 @@ class Trainer:
             )
 
     def _show_evaluation(self, metrics: dict[str, float]) -> None:
-        """The task's evaluation line, and once per run a warning when the model still sits on its baseline."""
+        """The task's evaluation line; once per run a warning when the model still sits on its baseline, and once
+        when it had left the baseline and fell back onto it."""
         if not self.env.is_main or not any(k.startswith("eval_") for k in metrics):
             return
         step, total = self.position.step, self.settings.max_steps
         line = self.task.evaluation_line(metrics)
         if line:
             self.env.print_fn(f"step {step}/{total} | {line}")
-        after, plateau = self.task.plateau_warning_after, self.task.plateau(metrics)
-        if self.plateau_warned or after is None or plateau is None or step < after * total:
+        plateau = self.task.plateau(metrics)
+        if plateau is None or self.plateau_warned:
             return
         what, value, baseline = plateau
-        if value - baseline < PLATEAU_MARGIN:
+        if value - baseline >= PLATEAU_MARGIN:
+            if self.peak is None or value > self.peak[0]:
+                self.peak = (value, step)
+            return
+        if self.peak is not None:
+            self.plateau_warned = True
+            self.env.print_fn(
+                f"warning: {what} {value:.3f} fell back within {PLATEAU_MARGIN * 100:.0f} point of its baseline "
+                f"{baseline:.3f} (step {step}/{total}) from {self.peak[0]:.3f} at step {self.peak[1]}: training "
+                f"lost what it had learned, as too high a learning rate does. Relaunch as a new run with a lower "
+                f"train.learning_rate (or find one: albert-dist lr-range); the best evaluation's model is kept "
+                f"(best_model with train.publish: last)"
+            )
+            return
+        after = self.task.plateau_warning_after
+        if after is not None and step >= after * total:
             self.plateau_warned = True
             self.env.print_fn(
                 f"warning: {what} {value:.3f} is not {PLATEAU_MARGIN * 100:.0f} point above its baseline "
