@@ -26,6 +26,7 @@ import torch.distributed as dist
 from albert_dist.config import TrainSection
 from albert_dist.console import format_duration
 from albert_dist.train import checkpointing, optim, precision
+from albert_dist.train.clock import LoopClock
 from albert_dist.train.collectives import gather_objects
 from albert_dist.train.feed import slot_shares
 
@@ -170,37 +171,6 @@ class Position:
     epoch: int = 0
     batch_in_epoch: int = 0
     phase: int = 0
-
-
-@dataclass
-class LoopClock:
-    """Where the loop's wall time went since `fit` began: evaluation (with keeping the best model) and reports with
-    their checkpoints (the step's stall, not a background upload), the rest being training steps; and the tokens
-    trained on every rank."""
-
-    start: float = field(default_factory=time.perf_counter)
-    evaluation_s: float = 0.0
-    checkpoint_s: float = 0.0
-    tokens: float = 0.0
-
-    def metrics(self) -> dict[str, float]:
-        wall = time.perf_counter() - self.start
-        return {
-            "loop_wall_s": wall,
-            "evaluation_share": self.evaluation_s / wall,
-            "checkpoint_share": self.checkpoint_s / wall,
-            "tokens_seen": self.tokens,
-            "loop_tokens_per_s": self.tokens / wall,
-        }
-
-    def line(self) -> str:
-        m = self.metrics()
-        training = 1 - m["evaluation_share"] - m["checkpoint_share"]
-        return (
-            f"loop time {format_duration(m['loop_wall_s'])}: training {training:.1%}, evaluation "
-            f"{m['evaluation_share']:.1%}, checkpoints {m['checkpoint_share']:.1%}; "
-            f"{m['tokens_seen']:.0f} tokens, {m['loop_tokens_per_s']:.0f} tok/s"
-        )
 
 
 class Trainer:
