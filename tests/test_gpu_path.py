@@ -359,11 +359,91 @@ def distillation_task(tmp_path: Path):
     return spec.build(0, 1, {"train": labelled(32, 0), "dev": labelled(16, 1)}.__getitem__)
 
 
+TAGS = ("O", "B-X", "I-X")
+
+
+def tagged_sentences(count: int, seed: int):
+    """Sentences of the tiny vocabulary's words, a word tagged B-X where it is above the middle (I-X after one)."""
+    from albert_dist.finetune.token_data import TaggedSplit
+
+    rng = np.random.default_rng(seed)
+    words = [[f"w{i}" for i in rng.integers(5, 60, rng.integers(3, SEQ - 2))] for _ in range(count)]
+    tags = [
+        [("I-X" if i and int(s[i - 1][1:]) > 32 else "B-X") if int(w[1:]) > 32 else "O" for i, w in enumerate(s)]
+        for s in words
+    ]
+    return TaggedSplit("memory", words, tags, list(range(count)))
+
+
+def token_classification_task(tmp_path: Path):
+    """NER rows encoded as the job encodes them (`token_data.encode_tagged`: windows, first-piece labels, word
+    indexes for scoring)."""
+    import dataclasses
+
+    from albert_dist.finetune import token_data
+    from albert_dist.finetune.token_task import TokenClassificationSpec
+    from albert_dist.model import AlbertForTokenClassification
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+
+    base = classification_spec(tmp_path, saved_model(tmp_path / "init", AlbertForTokenClassification, num_labels=3))
+    tokenizer = load_tokenizer(base.tokenizer_dir)
+    label2id = {name: i for i, name in enumerate(TAGS)}
+    splits = {}
+    for name, split in (("train", tagged_sentences(32, 0)), ("dev", tagged_sentences(16, 1))):
+        encoded = token_data.encode_tagged(split, tokenizer, SEQ, 8, token_data.tag_ids(split, label2id))
+        splits[name] = InMemory(encoded.arrays)
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    fields.update(task="token_classification", num_labels=3, metric="f1", label_names=TAGS)
+    fields.update(eval_rows=int(np.sum([len(s) for s in tagged_sentences(16, 1).words])))
+    return TokenClassificationSpec(**fields).build(0, 1, splits.__getitem__)
+
+
+def questions(count: int, seed: int):
+    """Questions whose answer is the context's word above the middle that the question names by its neighbour."""
+    from albert_dist.finetune.qa_data import QuestionSplit
+
+    rng = np.random.default_rng(seed)
+    ids, asked, contexts, answers = [], [], [], []
+    for q in range(count):
+        words = [f"w{i}" for i in rng.integers(5, 33, rng.integers(4, 20))]
+        at = int(rng.integers(1, len(words)))
+        words[at] = f"w{rng.integers(33, 60)}"
+        context = " ".join(words)
+        start = len(" ".join(words[:at])) + 1
+        ids.append(str(q)), asked.append(words[at - 1]), contexts.append(context)
+        answers.append([(words[at], start)])
+    return QuestionSplit("memory", ids, asked, contexts, answers)
+
+
+def question_answering_task(tmp_path: Path):
+    """Reading-comprehension windows encoded as the job encodes them (`qa_data.encode_questions`)."""
+    import dataclasses
+
+    from albert_dist.finetune import qa_data
+    from albert_dist.finetune.qa_task import QuestionAnsweringSpec
+    from albert_dist.model import AlbertForQuestionAnswering
+    from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+
+    base = classification_spec(tmp_path, saved_model(tmp_path / "init", AlbertForQuestionAnswering, num_labels=2))
+    tokenizer = load_tokenizer(base.tokenizer_dir)
+    train, dev = questions(32, 0), questions(16, 1)
+    splits = {
+        name: InMemory(qa_data.encode_questions(split, tokenizer, SEQ, 8, 8).arrays)
+        for name, split in (("train", train), ("dev", dev))
+    }
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    fields.update(task="question_answering", num_labels=2, metric="f1", gold=dev.gold(), language="en")
+    fields.update(eval_rows=len(splits["dev"].columns["row"]))
+    return QuestionAnsweringSpec(**fields).build(0, 1, splits.__getitem__)
+
+
 PRODUCT_TASKS = {
     "pretraining": lambda tmp_path: pretraining_task(tmp_path, packing=False),
     "pretraining packed": lambda tmp_path: pretraining_task(tmp_path, packing=True),
     "fine-tuning": finetuning_task,
     "distillation": distillation_task,
+    "token classification": token_classification_task,
+    "question answering": question_answering_task,
 }
 
 
@@ -375,6 +455,8 @@ PRODUCT_TASKS = {
         ("fine-tuning", "fp32", "adamw"),
         ("fine-tuning", "fp16", "lamb"),
         ("distillation", "bf16", "adamw"),
+        ("token classification", "bf16", "adamw"),
+        ("question answering", "fp16", "adamw"),
     ],
 )
 def test_training_steps_never_wait_for_the_device(monkeypatch, tmp_path, task_name, precision, optimizer):
