@@ -3,7 +3,7 @@ order and the warmup's first step separates them, and how far the order alone mo
 
     python benchmarks/check_finetune_vs_trainer.py qa /tmp/albert-bench-qa/train800-dev300-long0x60-seed1
     python benchmarks/check_finetune_vs_trainer.py ner /tmp/albert-bench-ner/train2000-dev600-corpusall-seed0 \
-        --sides hf,ours --seeds 11,12,13
+        --sides hf,ours+hf-order+hf-warmup --classifier-dropout 0
 
 WORK is a work directory bench_qa (init-qa, short-train.json, short-dev.json) or bench_ner (init-model, train.conll,
 dev.conll) wrote; both sides start from its initial model with bench_qa's / bench_ner's settings (AdamW 1e-3, decay
@@ -15,7 +15,8 @@ dev.conll) wrote; both sides start from its initial model with bench_qa's / benc
 - `ours+hf-order`: the same, fed the rows in the order the `hf` side of that seed trained them.
 - `ours+hf-warmup`: the same, with transformers' linear schedule (lr 0 at the first step, step/warmup after;
   ours' warmup is one step ahead: (step + 1)/warmup).
-- `ours+hf-order+hf-warmup`: both. Where nothing else differs it gives the `hf` side's answers and weights.
+- `ours+hf-order+hf-warmup`: both. Where nothing else differs it gives the `hf` side's answers and weights (NER:
+  with --classifier-dropout 0, as each side draws its dropout masks from its own random stream).
 
 Every side's model is scored by one meter, ours' decoding (qa_task.evaluate_questions / token_task.evaluate_tokens)
 on ours' encoding of dev (equal to run_qa's / run_ner's there: same pieces, labels and answer positions). The seed is
@@ -94,7 +95,7 @@ def transformers_linear(warmup_steps: int, total_steps: int, power: float = 1.0,
     )
 
 
-def train_ours(kind: str, work: Path, seed: int, task_data, hf_order: bool, hf_warmup: bool):
+def train_ours(kind: str, work: Path, seed: int, task_data, hf_order: bool, hf_warmup: bool, dropout: dict):
     from albert_dist.finetune import job
     from albert_dist.train import optim
     from albert_dist.train.loop import Trainer, WorkerEnv
@@ -110,7 +111,7 @@ def train_ours(kind: str, work: Path, seed: int, task_data, hf_order: bool, hf_w
         data_section=cfg.data,
         per_epoch=per_epoch,
         seed=seed,
-        model_overrides=job.label_overrides(cfg.task, task_data.label_names),
+        model_overrides={**job.label_overrides(cfg.task, task_data.label_names), **dropout},
     )
     task = spec.build(0, 1, lambda name: Rows(task_data.splits[name].arrays))
     if hf_order:
@@ -128,7 +129,7 @@ def train_ours(kind: str, work: Path, seed: int, task_data, hf_order: bool, hf_w
     return trainer.model.eval()
 
 
-def train_hf(kind: str, work: Path, seed: int):
+def train_hf(kind: str, work: Path, seed: int, dropout: dict):
     """transformers' Trainer as the benchmark's hf_side; the rows of each epoch in the order it trained them are
     written to WORK/hf_order<seed>.json."""
     from transformers import (
@@ -162,7 +163,7 @@ def train_hf(kind: str, work: Path, seed: int):
     arguments = trainer_arguments(types.SimpleNamespace(**SETTINGS, seed=seed), work / "check-out", steps, True)
     arguments.remove_unused_columns = False  # the recording collator reads and drops `index`
     trainer = Trainer(
-        model=model_class.from_pretrained(work / files["model"]),
+        model=model_class.from_pretrained(work / files["model"], **dropout),
         args=arguments,
         train_dataset=[{**row, "index": i} for i, row in enumerate(rows)],
         data_collator=recording,
@@ -197,21 +198,30 @@ def main() -> None:
     parser.add_argument("work", type=Path)
     parser.add_argument("--sides", default="hf,ours,ours+hf-order,ours+hf-warmup,ours+hf-order+hf-warmup")
     parser.add_argument("--seeds", default=None, help="comma-separated; default: the work directory's seed")
+    parser.add_argument(
+        "--classifier-dropout",
+        type=float,
+        help="both sides' classifier_dropout_prob (NER's 0.1 by default): 0 takes the dropout masks, drawn from "
+        "each side's own random stream, out of the comparison",
+    )
     args = parser.parse_args()
     from albert_dist.finetune import job
 
     torch.set_num_threads(1)
     files = TASKS[args.task]
     init_dir = args.work / files["model"]
+    dropout = {} if args.classifier_dropout is None else {"classifier_dropout_prob": args.classifier_dropout}
     seeds = [int(s) for s in (args.seeds or args.work.name.rsplit("seed", 1)[1]).split(",")]
     task_data = job.prepare_task_data(job_config(args.task, args.work, 0).data, files["task"], init_dir)
     for seed in seeds:
         for side in args.sides.split(","):
             started = time.perf_counter()
             if side == "hf":
-                model = train_hf(args.task, args.work, seed)
+                model = train_hf(args.task, args.work, seed, dropout)
             else:
-                model = train_ours(args.task, args.work, seed, task_data, "hf-order" in side, "hf-warmup" in side)
+                model = train_ours(
+                    args.task, args.work, seed, task_data, "hf-order" in side, "hf-warmup" in side, dropout
+                )
             checksum = float(sum(p.detach().double().abs().sum() for p in model.parameters()))
             row = {
                 "side": side,
