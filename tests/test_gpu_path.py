@@ -375,11 +375,16 @@ def tagged_sentences(count: int, seed: int):
     return TaggedSplit("memory", words, tags, list(range(count)))
 
 
+def spec_as(cls, base, **changes):
+    """`base`'s fields as a spec of the subclass `cls`, with `changes`."""
+    import dataclasses
+
+    return cls(**{**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, **changes})
+
+
 def token_classification_task(tmp_path: Path):
     """NER rows encoded as the job encodes them (`token_data.encode_tagged`: windows, first-piece labels, word
     indexes for scoring)."""
-    import dataclasses
-
     from albert_dist.finetune import token_data
     from albert_dist.finetune.token_task import TokenClassificationSpec
     from albert_dist.model import AlbertForTokenClassification
@@ -388,14 +393,17 @@ def token_classification_task(tmp_path: Path):
     base = classification_spec(tmp_path, saved_model(tmp_path / "init", AlbertForTokenClassification, num_labels=3))
     tokenizer = load_tokenizer(base.tokenizer_dir)
     label2id = {name: i for i, name in enumerate(TAGS)}
-    splits = {}
-    for name, split in (("train", tagged_sentences(32, 0)), ("dev", tagged_sentences(16, 1))):
-        encoded = token_data.encode_tagged(split, tokenizer, SEQ, 8, token_data.tag_ids(split, label2id))
-        splits[name] = InMemory(encoded.arrays)
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    fields.update(task="token_classification", num_labels=3, metric="f1", label_names=TAGS)
-    fields.update(eval_rows=int(np.sum([len(s) for s in tagged_sentences(16, 1).words])))
-    return TokenClassificationSpec(**fields).build(0, 1, splits.__getitem__)
+    train, dev = tagged_sentences(32, 0), tagged_sentences(16, 1)
+    splits = {
+        name: InMemory(token_data.encode_tagged(split, tokenizer, SEQ, 8, token_data.tag_ids(split, label2id)).arrays)
+        for name, split in (("train", train), ("dev", dev))
+    }
+    eval_words = sum(len(sentence) for sentence in dev.words)
+    spec = spec_as(
+        TokenClassificationSpec, base, task="token_classification", num_labels=3, metric="f1", label_names=TAGS,
+        eval_rows=eval_words,
+    )  # fmt: skip
+    return spec.build(0, 1, splits.__getitem__)
 
 
 def questions(count: int, seed: int):
@@ -417,8 +425,6 @@ def questions(count: int, seed: int):
 
 def question_answering_task(tmp_path: Path):
     """Reading-comprehension windows encoded as the job encodes them (`qa_data.encode_questions`)."""
-    import dataclasses
-
     from albert_dist.finetune import qa_data
     from albert_dist.finetune.qa_task import QuestionAnsweringSpec
     from albert_dist.model import AlbertForQuestionAnswering
@@ -431,10 +437,11 @@ def question_answering_task(tmp_path: Path):
         name: InMemory(qa_data.encode_questions(split, tokenizer, SEQ, 8, 8).arrays)
         for name, split in (("train", train), ("dev", dev))
     }
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    fields.update(task="question_answering", num_labels=2, metric="f1", gold=dev.gold(), language="en")
-    fields.update(eval_rows=len(splits["dev"].columns["row"]))
-    return QuestionAnsweringSpec(**fields).build(0, 1, splits.__getitem__)
+    spec = spec_as(
+        QuestionAnsweringSpec, base, task="question_answering", num_labels=2, metric="f1", gold=dev.gold(),
+        language="en", eval_rows=len(splits["dev"].columns["row"]),
+    )  # fmt: skip
+    return spec.build(0, 1, splits.__getitem__)
 
 
 PRODUCT_TASKS = {
