@@ -5,6 +5,9 @@
     python benchmarks/corpora.py en-pydocs /work/corpora/en_pydocs.txt
     apt-get install linux-doc-6.1
     python benchmarks/corpora.py en-kerneldocs /work/corpora/en_kerneldocs.txt
+    apt-get install fortunes dict-foldoc
+    python benchmarks/corpora.py en-fortunes /work/corpora/en_fortunes.txt
+    python benchmarks/corpora.py en-foldoc /work/corpora/en_foldoc.txt
 
 Each is written as blank-line separated documents (data prepare's `blocks` format), one paragraph a line:
 - `zh-manpages`: Debian's Simplified Chinese manual pages (`/usr/share/man/zh_CN`), modern technical prose. roff
@@ -16,6 +19,10 @@ Each is written as blank-line separated documents (data prepare's `blocks` forma
   text.
 - `en-kerneldocs`: the reStructuredText sources of the Linux kernel's documentation (linux-doc-6.1), read as
   `en-pydocs` is; its `translations/` are left out. About four times the English of `en-pydocs`.
+- `en-fortunes`: Debian's English fortunes (`fortunes`): quotations from literature, sayings, jokes and verse, one
+  fortune a document; the Chinese files and the ASCII pictures are left out.
+- `en-foldoc`: the Free On-line Dictionary of Computing (`dict-foldoc`), encyclopedic entries, one entry's
+  paragraphs a document: cross-reference braces are reduced to their text, date stamps and bracketed sources dropped.
 - `zh-fortunes`: Debian's fortunes-zh (`/usr/share/games/fortunes/chinese`): classical poems, sayings and short
   prose, one fortune a document (5,263 documents, 1.09M characters).
 - `zh-news`: People's Daily news of 1998 as the MSRA NER set holds it (`msra_train.txt` of the PyPI wheel
@@ -48,7 +55,13 @@ from pathlib import Path
 MANPAGES = Path("/usr/share/man/zh_CN")
 PYDOCS = Path("/usr/share/doc/python3-doc/html/_sources")
 KERNELDOCS = Path("/usr/share/doc/linux-doc-6.1/Documentation")
-FORTUNES = Path("/usr/share/games/fortunes/chinese")
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+FORTUNES = FORTUNES_DIR / "chinese"
+NOT_ENGLISH_FORTUNES = {"chinese", "tang300", "ascii-art"}
+FOLDOC = Path("/usr/share/dictd/foldoc.dict.dz")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+FOLDOC_BRACES = re.compile(r"\{([^{}]*)\}")
+FOLDOC_DROPPED = re.compile(r"^(\(\d{4}-\d{2}-\d{2}\)|\[.*\])$", re.DOTALL)
 NEWS_SENTENCES_PER_DOCUMENT = 10
 HAN = re.compile(r"[\u4e00-\u9fff]")
 ROFF_PARAGRAPH = re.compile(r"^\.(PP|P|LP|SH|SS|TP|IP|HP|sp|br)\b")
@@ -153,13 +166,50 @@ def read_manpage(path: Path) -> str:
         return data.decode("gb18030", errors="replace")
 
 
-def fortunes() -> Iterator[str]:
-    if not FORTUNES.exists():
-        raise SystemExit(f"no {FORTUNES}: apt-get install fortunes-zh")
-    for fortune in FORTUNES.read_text(encoding="utf-8").split("\n%\n"):
-        text = re.sub(r"\n\s*\n", "\n", fortune.strip())
-        if text:
-            yield text
+def fortunes(files: list[Path], package: str) -> Iterator[str]:
+    if not files or not all(f.exists() for f in files):
+        raise SystemExit(f"no fortunes under {FORTUNES_DIR}: apt-get install {package}")
+    for path in files:
+        for fortune in path.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
+            text = re.sub(r"\n\s*\n", "\n", ANSI_ESCAPE.sub("", fortune).strip())
+            if text:
+                yield text
+
+
+def english_fortune_files() -> list[Path]:
+    return sorted(
+        p for p in FORTUNES_DIR.glob("*") if p.is_file() and not p.suffix and p.name not in NOT_ENGLISH_FORTUNES
+    )
+
+
+def foldoc_entries(raw: str) -> Iterator[str]:
+    """FOLDOC's entries: a headword at column 0 after a blank line, then indented paragraphs whose long lines were
+    wrapped to column 0 (a column-0 line right after text continues it)."""
+    entries: list[list[str]] = []
+    previous = ""
+    for line in raw.splitlines():
+        if line and not line[0].isspace():
+            if previous.strip() and previous[0].isspace() and entries and entries[-1]:
+                entries[-1][-1] += " " + line.strip()
+            elif not previous.strip():
+                entries.append([])
+        elif line.strip():
+            if entries and entries[-1] and previous.strip() and previous[0].isspace():
+                entries[-1][-1] += " " + line.strip()
+            elif entries:
+                entries[-1].append(line.strip())
+        previous = line
+    for paragraphs in entries:
+        kept = [FOLDOC_BRACES.sub(r"\1", p) for p in paragraphs if not FOLDOC_DROPPED.match(p)]
+        kept = [re.sub(r"\s+", " ", p) for p in kept if len(p.split()) >= 4]
+        if kept:
+            yield "\n".join(kept)
+
+
+def foldoc() -> Iterator[str]:
+    if not FOLDOC.exists():
+        raise SystemExit(f"no {FOLDOC}: apt-get install dict-foldoc")
+    return foldoc_entries(gzip.open(FOLDOC).read().decode("utf-8", errors="replace"))
 
 
 def news(source: Path | None) -> Iterator[str]:
@@ -177,7 +227,11 @@ def news(source: Path | None) -> Iterator[str]:
 
 def documents(corpus: str, source: Path | None = None) -> Iterator[str]:
     if corpus == "zh-fortunes":
-        return fortunes()
+        return fortunes([FORTUNES], "fortunes-zh")
+    if corpus == "en-fortunes":
+        return fortunes(english_fortune_files(), "fortunes")
+    if corpus == "en-foldoc":
+        return foldoc()
     if corpus == "zh-news":
         return news(source)
     if corpus == "zh-manpages":
@@ -201,7 +255,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "corpus",
-        choices=["zh-manpages", "zh-fortunes", "zh-news", "en-pydocs", "en-kerneldocs", "zh-manpage-sections"],
+        choices=[
+            "zh-manpages",
+            "zh-fortunes",
+            "zh-news",
+            "en-pydocs",
+            "en-kerneldocs",
+            "en-fortunes",
+            "en-foldoc",
+            "zh-manpage-sections",
+        ],
     )
     parser.add_argument("out", type=Path)
     parser.add_argument("--source", type=Path, help="zh-news: the wheel's msra_train.txt")
