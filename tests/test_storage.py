@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -133,14 +134,16 @@ def test_a_failing_write_keeps_the_previous_target_and_leaves_nothing(tmp_path, 
     assert version_of(kind, target) == 1
 
 
-def _poll(kind: str, target: Path, stop, found, results) -> None:
+def _poll(kind: str, target: Path, stop, found, reads, results) -> None:
     """Read `target` until `stop` is set, checking between two reads that it exists (cheap, so that even a short
-    moment without it is caught); send back how often it read and what was wrong (setting `found` at the first).
-    A directory is opened and read through its descriptor; a read counts only if `target` still was that
-    directory afterwards (a reader that opened the previous version may find it being deleted)."""
-    reads, problems = 0, []
+    moment without it is caught); count the reads in `reads` (shared, so the writer can wait for them) and send back
+    what was wrong (setting `found` at the first). A directory is opened and read through its descriptor; a read
+    counts only if `target` still was that directory afterwards (a reader that opened the previous version may find
+    it being deleted)."""
+    problems = []
     while not stop.is_set():
-        reads += 1
+        with reads.get_lock():
+            reads.value += 1
         try:
             for _ in range(20):
                 os.stat(target)
@@ -162,27 +165,35 @@ def _poll(kind: str, target: Path, stop, found, results) -> None:
             problems.append(f"half-written: {err!r}")
         if problems:
             found.set()
-    results.send((reads, problems))
+    results.send(problems)
 
 
-def poll_while_publishing(kind: str, target: Path, publishes: int = 50, until_found: bool = False) -> list[str]:
-    """What a reader (another process) polling `target` found wrong while `publishes` versions were published
-    (stopping at the first finding if `until_found`)."""
+def poll_while_publishing(
+    kind: str, target: Path, publishes: int = 50, until_found: bool = False, min_reads: int = 20
+) -> list[str]:
+    """What a reader (another process) polling `target` found wrong while at least `publishes` versions were
+    published (stopping at the first finding if `until_found`). Publishing starts once the reader reads and goes
+    on until it has read `min_reads` times during it: on a busy machine a reader scheduled late would otherwise
+    watch nothing."""
     publish(kind, target, 0)
-    stop, found = fork.Event(), fork.Event()
+    stop, found, reads = fork.Event(), fork.Event(), fork.Value("i", 0)
     receive, send = fork.Pipe(duplex=False)
-    reader = fork.Process(target=_poll, args=(kind, target, stop, found, send))
+    reader = fork.Process(target=_poll, args=(kind, target, stop, found, reads, send))
     reader.start()
     try:
-        for version in range(1, publishes + 1):
+        while reads.value == 0 and reader.is_alive():
+            time.sleep(0.001)
+        first_read, version = reads.value, 0
+        while version < publishes or (reads.value - first_read < min_reads and reader.is_alive()):
+            version += 1
             publish(kind, target, version)
             if until_found and found.is_set():
                 break
     finally:
         stop.set()
-        reads, problems = receive.recv()
+        problems = receive.recv()
         reader.join(timeout=60)
-    assert reads > 1, "the reader hardly ran: the test proves nothing"
+    assert reads.value - first_read >= min_reads, "the reader hardly ran: the test proves nothing"
     assert version_of(kind, target) == version
     assert [p.name for p in target.parent.iterdir()] == [target.name]
     return problems
