@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from albert_dist.config import ConfigSource, Overrides, load_config
 from albert_dist.console import quiet_mlflow
-from albert_dist.job_registry import get
+from albert_dist.jobs.registry import get
 
 
 def run(job: str, config: ConfigSource = None, overrides: Overrides = None) -> Any:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from albert_dist.errors import AlbertDistError, ConfigError, user_error
-from albert_dist.job_registry import GROUPS, JOBS, Job
+from albert_dist.jobs.registry import GROUPS, JOBS, Job
 
 # Set by Ray's job supervisor in the environment of a submitted job's entrypoint.
 _RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"
@@ -112,7 +112,7 @@ def _version() -> str:
 
 
 def _add_config_commands(commands) -> None:
-    from albert_dist import catalog
+    from albert_dist.jobs import catalog
 
     config = commands.add_parser(
         "config", help="the job configs shipped in the package, and each job's config schema"
@@ -137,7 +137,7 @@ def _add_config_commands(commands) -> None:
 
 
 def _config_schema(args: argparse.Namespace) -> int:
-    from albert_dist.catalog import schema_text
+    from albert_dist.jobs.catalog import schema_text
     from albert_dist.storage import publish_text
 
     text = schema_text(args.job)

@@ -13,7 +13,7 @@ import yaml
 from test_jobs_entrypoints import config_class
 
 from albert_dist.config import PACKAGED_CONFIGS, config_path, load_config
-from albert_dist.job_registry import JOBS
+from albert_dist.jobs.registry import JOBS
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "cluster"

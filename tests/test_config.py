@@ -119,7 +119,7 @@ def test_override_keeps_the_job_s_own_section_defaults():
 )
 def test_keys_a_job_does_not_read_are_unknown_with_a_hint(job, key, hint):
     """A key another job reads is refused by a job that would ignore it, and the message says where it belongs."""
-    from albert_dist.job_registry import JOBS
+    from albert_dist.jobs.registry import JOBS
 
     name = key.partition("=")[0]
     with pytest.raises(ConfigError) as err:

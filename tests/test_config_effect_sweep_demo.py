@@ -116,7 +116,7 @@ def test_every_demo_key_changes_its_plan(tmp_path):
 def test_every_registered_job_has_its_effect_test():
     """A job added to the registry needs its keys proven here, in test_config_effect.py or in
     test_config_effect_prepare.py (the test of each is named in the comment)."""
-    from albert_dist.job_registry import JOBS
+    from albert_dist.jobs.registry import JOBS
 
     assert set(JOBS) == {
         "prepare_data",  # test_config_effect_prepare.py

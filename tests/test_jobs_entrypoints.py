@@ -16,7 +16,7 @@ from albert_dist.cluster import submit as jobs_client
 from albert_dist.config import load_config
 from albert_dist.data.config import DataJobConfig
 from albert_dist.errors import AlbertDistError, ConfigError
-from albert_dist.job_registry import JOBS, Command, Job
+from albert_dist.jobs.registry import JOBS, Command, Job
 from albert_dist.pretrain.config import PretrainJobConfig
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,10 +13,10 @@ import pytest
 import tomllib
 import yaml
 
-from albert_dist import catalog
 from albert_dist.cli import main
 from albert_dist.config import PACKAGED_CONFIGS, config_path, load_config
 from albert_dist.errors import ConfigError
+from albert_dist.jobs import catalog
 from albert_dist.pretrain.config import PretrainJobConfig
 from albert_dist.tune.config import FinetuneTuneConfig
 

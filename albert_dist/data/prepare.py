@@ -40,7 +40,7 @@ from albert_dist.data.process import (
 from albert_dist.data.ranges import FileRange, auto_range_bytes, plan_ranges, read_documents
 from albert_dist.data.readers import resolve_inputs
 from albert_dist.errors import DataError, disk_full_errors, raised_in_a_task
-from albert_dist.job_registry import Command
+from albert_dist.jobs.registry import Command
 from albert_dist.storage import (
     check_replaceable,
     filesystem,

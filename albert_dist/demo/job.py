@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from albert_dist.data.config import DataJobConfig
 from albert_dist.demo.config import DemoJobConfig
 from albert_dist.errors import ConfigError
-from albert_dist.job_registry import Command
+from albert_dist.jobs.registry import Command
 from albert_dist.model.checkpoint import CONFIG_NAME
 from albert_dist.pretrain.config import PretrainJobConfig
 from albert_dist.storage import publish_dir, publish_file

@@ -43,9 +43,9 @@ from albert_dist.model import (
 from albert_dist.model.checkpoint import CONFIG_NAME, load_config
 from albert_dist.storage import publish_dir
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
+from albert_dist.train.job import JobOutcome, TrainingJob
 from albert_dist.train.loop import TaskSpec
 from albert_dist.train.plan import Plan, base_plan
-from albert_dist.training_job import JobOutcome, TrainingJob
 
 PROJECTION_FILE = "distill_projection.safetensors"
 

@@ -1,4 +1,4 @@
-"""`albert-dist finetune`: the job's declaration (`FINETUNE`, run by `training_job.run_job`). Its plan reads and
+"""`albert-dist finetune`: the job's declaration (`FINETUNE`, run by `train.job.run_job`). Its plan reads and
 tokenizes the task data, derives the schedule from the epochs and links the MLflow run to the source model; the
 best dev evaluation's model is published as `<run_dir>/model` (`train.publish: best`), then its dev and test
 metrics are computed. `model.init_from` and `run.output_dir` may be URIs (`s3://...`): the model is downloaded to a
@@ -32,8 +32,8 @@ from albert_dist.model import (
 from albert_dist.storage import fetch_dir, is_uri, join_location, read_bytes
 from albert_dist.tokenizer.albert_tokenizer import load_tokenizer
 from albert_dist.tracking import run as tracking
+from albert_dist.train.job import JobOutcome, TrainingJob
 from albert_dist.train.plan import Plan, base_plan
-from albert_dist.training_job import JobOutcome, TrainingJob
 
 QA_LABELS = ["start", "end"]  # question answering's two outputs, per position
 

@@ -1,6 +1,6 @@
 """`albert-dist pretrain`: MLM + SOP pretraining of ALBERT on Ray Train, tracked in MLflow.
 
-The job's declaration (`PRETRAIN`, run by `training_job.run_job`): its plan validates the prepared data and the model
+The job's declaration (`PRETRAIN`, run by `train.job.run_job`): its plan validates the prepared data and the model
 config and builds the workers' task (albert_dist/pretrain/task.py); the last step's model is published (`train.publish:
 last`, the best evaluation's in `best_model/`). With a URI `run.output_dir`, checkpoints, the models and the MLflow run
 id are stored there (`TrainingRunSection.locate`), the lock and a copy of the final model in the run's local staging
@@ -22,8 +22,8 @@ from albert_dist.pretrain.config import PretrainJobConfig
 from albert_dist.pretrain.mlflow_model import EncoderModel
 from albert_dist.pretrain.task import PhaseSpec, PretrainingSpec
 from albert_dist.tracking import run as tracking
+from albert_dist.train.job import JobOutcome, TrainingJob
 from albert_dist.train.plan import Plan, base_plan
-from albert_dist.training_job import JobOutcome, TrainingJob
 
 VERIFIED_SHARDS = "verified_shards.json"  # in the run dir: the shards checked against the manifest, and when
 

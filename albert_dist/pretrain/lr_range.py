@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from albert_dist.config import TrainBase, dump_yaml, flatten
-from albert_dist.job_registry import Command
+from albert_dist.jobs.registry import Command
 from albert_dist.pretrain.config import LrRangeJobConfig, LrRangeSection
 from albert_dist.pretrain.job import pretraining_spec
 from albert_dist.tracking import run as tracking

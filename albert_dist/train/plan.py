@@ -1,6 +1,6 @@
 """A training job's `Plan`: everything its run is made of, resolved from the config once, before anything runs.
 
-The job runner (albert_dist/training_job.py) opens the tracked run and hands the plan whole to `run_training`; a
+The job runner (albert_dist/train/job.py) opens the tracked run and hands the plan whole to `run_training`; a
 worker gets the parts it runs (the task, the loop's settings, the seed, where checkpoints and the model go).
 """
 

@@ -50,7 +50,7 @@ class ResourcesSection(Section):
 class TuneJobConfig(Section):
     """What every sweep shares; subclasses name the job kind and its config class."""
 
-    kind: ClassVar[str]  # the registered job a trial runs (job_registry)
+    kind: ClassVar[str]  # the registered job a trial runs (albert_dist.jobs.registry)
     job: Section  # declared first (narrowed by subclasses) so that the search space is checked against it
     run: RunSection = Field(
         default_factory=lambda: RunSection(name="sweep", output_dir="runs/sweeps"),

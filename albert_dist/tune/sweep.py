@@ -16,7 +16,7 @@ from typing import Any
 from albert_dist.config import dump_yaml
 from albert_dist.console import quiet_optuna, tune_verbosity
 from albert_dist.errors import AlbertDistError
-from albert_dist.job_registry import Command
+from albert_dist.jobs.registry import Command
 from albert_dist.model.checkpoint import CONFIG_NAME
 from albert_dist.redaction import redact_url
 from albert_dist.storage import publish_dir

@@ -16,8 +16,8 @@ from typing import Any
 
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from albert_dist import job_registry
 from albert_dist.config import Section
+from albert_dist.jobs import registry
 from albert_dist.tune import mlflow_runs, space
 from albert_dist.tune.report import OUTCOME_FILE, trials_dir
 
@@ -74,7 +74,7 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     trial_id = tune.get_context().get_trial_id()
     cfg = setup.job_for(params, trial_id)
     mlflow_runs.child_run(setup.tracking_uri, setup.parent_run_id, trial_id, cfg.run.run_dir)
-    outcome = job_registry.get(setup.kind).load().run(cfg, callbacks=[EvalReportCallback(setup.metric)])
+    outcome = registry.get(setup.kind).load().run(cfg, callbacks=[EvalReportCallback(setup.metric)])
     (cfg.run.run_dir / OUTCOME_FILE).write_text(
         json.dumps({"model_dir": str(outcome.model_dir), "metrics": outcome.metrics}, indent=1)
     )

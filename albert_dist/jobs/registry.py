@@ -1,7 +1,7 @@
 """The jobs, listed once: the CLI's subcommands (which are also what `albert-dist submit` runs on a cluster, as
 `python -m albert_dist.cli <command>`), the demo's steps and a sweep's trials all find a job here.
 
-Each job is declared once in its own module, as a `training_job.TrainingJob` (pretraining, fine-tuning,
+Each job is declared once in its own module, as a `train.job.TrainingJob` (pretraining, fine-tuning,
 distillation) or a `Command`: both have the job's `main(cfg) -> exit status`. The registry names the declaration as
 "module:NAME", imported only when the job runs, and the job's config class, which validates the input first:
 `albert-dist --help` and a config error stay fast (the declarations import torch, Ray and MLflow).

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from albert_dist.config import config_path, packaged_configs
 from albert_dist.errors import ConfigError
-from albert_dist.job_registry import get
+from albert_dist.jobs.registry import get
 from albert_dist.storage import publish_text
 
 
