@@ -8,6 +8,9 @@ Prints, per shape, how full the rows are, each side's tokens/s and the ratio (go
 
     python benchmarks/bench_packing.py                          # tiny shape, fp32, 32 x 128 and 8 x 512
     python benchmarks/bench_packing.py --shapes 32x128 --rounds 3 --steps 4
+
+`--config pretrain_zh --prepared DIR` instead: a shipped config's in-process step (`bench_job.step_rate`, its shape
+and global batch) on prepared data with `data.packing` false, true and auto, arms interleaved, `--rounds` rounds.
 """
 
 from __future__ import annotations
@@ -96,13 +99,35 @@ def measure(root: Path, batch_size: int, seq: int, args) -> dict[str, float]:
     }
 
 
+def shipped_config_arms(args) -> None:
+    """Tokens/s of the shipped config's in-process step with data.packing false, true and auto, interleaved."""
+    from bench_job import step_rate
+
+    rates: dict[str, list[float]] = {"false": [], "true": [], "auto": []}
+    for r in range(args.rounds):
+        for arm, found in rates.items():
+            found.append(step_rate(args.config, args.prepared, [f"data.packing={arm}"], args.threads))
+            print(f"round {r} data.packing={arm}: {found[-1]:.0f} tok/s", flush=True)
+    means = {arm: statistics.mean(found) for arm, found in rates.items()}
+    print(
+        f"{args.config} on {args.prepared}, {args.threads} threads: "
+        + ", ".join(f"{arm} {means[arm]:.0f} tok/s ({means[arm] / means['false']:.2f}x)" for arm in rates)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--shapes", default="32x128,8x512", help="batch x max_seq_length, comma-separated")
     parser.add_argument("--steps", type=int, default=5, help="training steps per side per round")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--config", help="a shipped pretraining config, measured on --prepared")
+    parser.add_argument("--prepared", type=Path, help="prepared data (data prepare's output) for --config")
+    parser.add_argument("--threads", type=int, default=2, help="the in-process step's threads (with --config)")
     args = parser.parse_args()
+    if args.config:
+        shipped_config_arms(args)
+        return
 
     from ray.data import DataContext
 

@@ -31,9 +31,10 @@ def leaf_keys(cls: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any
 def other_value(field, value: Any) -> Any:
     """A valid value other than `value` for `field`, by its type; None when the type does not say one."""
     options = [field.annotation, *typing.get_args(field.annotation)]
-    literal = [typing.get_args(o) for o in options if typing.get_origin(o) is typing.Literal]
-    if literal:
-        return next(choice for choice in literal[0] if choice != value)
+    choices = [c for o in options if typing.get_origin(o) is typing.Literal for c in typing.get_args(o)]
+    choices += [True, False] if bool in options and choices else []  # `bool | Literal["auto"]`
+    if choices:
+        return next((choice for choice in choices if choice != value), None)
     if value is None:
         return None
     if isinstance(value, bool):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from albert_dist.data.masking import IGNORE_INDEX, MaskingCollator
-from albert_dist.data.packing import first_fit, pack_batch
+from albert_dist.data.packing import AUTO_MAX_SLOT_SHARE, first_fit, pack_batch, packing_pays
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
@@ -153,3 +153,24 @@ def test_an_instance_never_sees_the_others_in_its_row():
     assert not torch.allclose(after.last_hidden_state[~others], before.last_hidden_state[~others])
     assert not torch.allclose(after.pooler_output[first - 1], before.pooler_output[first - 1])
     torch.testing.assert_close(after.pooler_output[second - 1], before.pooler_output[second - 1])
+
+
+def test_packing_pays_when_it_spares_enough_token_slots():
+    """Packing pays by the token slots it spares, not the rows: ten instances of 32 tokens pack into five rows of
+    64, as many slots as ten padded rows of 32 (no gain); one long instance among short ones widens every padded
+    row (a gain). Ten rows, 2m of them 32 tokens (m ≤ 4) and the rest full, pack into 10 − m rows as wide: the rule
+    packs exactly when that share of slots is at most AUTO_MAX_SLOT_SHARE."""
+
+    def batch(lengths: list[int]) -> dict[str, torch.Tensor]:
+        """The attention mask of a padded batch: as wide as its longest instance, as the collator pads."""
+        return {"attention_mask": torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths])}
+
+    assert not packing_pays(batch([32] * 10), CAPACITY) and not packing_pays(batch([CAPACITY] * 10), CAPACITY)
+    assert packing_pays(batch([CAPACITY] + [16] * 9), CAPACITY)  # 10 rows of 64 padded, 4 packed
+    decisions = set()
+    for pairs in range(5):
+        lengths = [CAPACITY] * (10 - 2 * pairs) + [32] * (2 * pairs)
+        share = (10 - pairs) / 10  # packed rows over padded rows, both 64 wide
+        assert packing_pays(batch(lengths), CAPACITY) == (share <= AUTO_MAX_SLOT_SHARE), pairs
+        decisions.add(share <= AUTO_MAX_SLOT_SHARE)
+    assert decisions == {True, False}  # the threshold lies inside the cases tried

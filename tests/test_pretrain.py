@@ -383,6 +383,36 @@ def test_packed_training_equals_unpacked_resumes_exactly_and_exports_plain_alber
         )
 
 
+def sop_rows(lengths: list[int]) -> dict:
+    """Prepared rows as Ray Data yields them: [CLS] A [SEP] B [SEP] of the given lengths, tokens from the vocabulary."""
+    import numpy as np
+
+    ids = [np.array([2] + [10 + i % 300 for i in range(n - 4)] + [3, 10, 3]) for n in lengths]
+    return {
+        "input_ids": np.array(ids, dtype=object),
+        "token_type_ids": np.array([(np.arange(len(i)) >= len(i) - 2).astype(np.int64) for i in ids], dtype=object),
+        "word_start": np.array([np.ones(len(i), bool) for i in ids], dtype=object),
+        "sop_label": np.zeros(len(ids), np.int64),
+    }
+
+
+def test_auto_packing_packs_a_batch_of_short_instances_and_leaves_full_rows_padded(prepared, ray_session):
+    """data.packing=auto packs a batch of short instances after a long one exactly as packing=true would (the same
+    masks), and leaves a batch of full rows as packing=false does."""
+    from albert_dist.data.masking import batch_rng
+
+    tasks = {value: in_process_task(prepared, 1, 0, f"data.packing={value}")[0] for value in ("auto", True, False)}
+    assert in_process_task(prepared)[0].spec.packing == "auto"  # the default
+    short, full = sop_rows([64, 10, 12, 14, 16, 20, 24, 28]), sop_rows([64, 60, 64, 62, 64, 64, 58, 64])
+    for rows, packs in ((short, True), (full, False)):
+        auto = tasks["auto"].collate(rows, batch_rng(0, 0, 0, 1), 64)
+        same = tasks[packs].collate(rows, batch_rng(0, 0, 0, 1), 64)
+        assert ("cls_positions" in auto) == packs and auto.keys() == same.keys()
+        for key in auto:
+            assert torch.equal(auto[key], same[key]), key
+    assert tasks["auto"].collate(short, batch_rng(0, 0, 0, 1), 64)["input_ids"].shape[0] == 3  # 8 instances, 3 rows
+
+
 @pytest.fixture(scope="module")
 def short_data(prepared):
     """The ordered corpus prepared again at 16 tokens with the same tokenizer: the short phase of a schedule."""

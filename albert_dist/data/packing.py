@@ -19,6 +19,12 @@ from albert_dist.data.masking import IGNORE_INDEX
 #: what a packed batch adds, the extra inputs of `AlbertForPreTraining.forward`
 PACKED_INPUTS = ("position_ids", "sequence_ids", "cls_positions")
 
+#: `data.packing: auto` packs a batch when its packed rows hold at most this share of the token slots its padded
+#: rows hold (rows x width: a padded batch is as wide as its longest instance). A packed slot costs more than a
+#: padded one (the attention mask is one per pair of tokens, not per token): benchmarks/README.md#bench_packing
+#: measures where packing starts to pay.
+AUTO_MAX_SLOT_SHARE = 0.8
+
 
 def first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(row, offset) of each length and the number of rows: first fit, longest first, rows of `capacity`."""
@@ -37,15 +43,30 @@ def first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarra
     return rows, offsets, used
 
 
+def packed_layout(
+    lengths: np.ndarray, capacity: int, pad_to_multiple_of: int
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(row, offset) of each instance of `lengths`, the number of rows and their width (the last instance's end,
+    rounded up to a multiple of `pad_to_multiple_of`)."""
+    rows, offsets, n_rows = first_fit(lengths, capacity)
+    ends = offsets + lengths
+    return rows, offsets, n_rows, -(-int(ends.max(initial=1)) // pad_to_multiple_of) * pad_to_multiple_of
+
+
+def packing_pays(batch: dict[str, torch.Tensor], capacity: int, pad_to_multiple_of: int = 8) -> bool:
+    """Whether packing the padded `batch` into rows of `capacity` spares enough token slots to pay
+    (`AUTO_MAX_SLOT_SHARE`)."""
+    _, _, n_rows, width = packed_layout(batch["attention_mask"].sum(dim=1).numpy(), capacity, pad_to_multiple_of)
+    return n_rows * width <= AUTO_MAX_SLOT_SHARE * batch["attention_mask"].numel()
+
+
 def pack_batch(
     batch: dict[str, torch.Tensor], capacity: int, pad_id: int, pad_to_multiple_of: int = 8
 ) -> dict[str, torch.Tensor]:
     """The packed layout of a `MaskingCollator` batch (rows of at most `capacity` tokens, padded to a multiple of
     `pad_to_multiple_of`); `sentence_order_label` keeps the instances' order, which `cls_positions` follows."""
     lengths = batch["attention_mask"].sum(dim=1).numpy()
-    rows, offsets, n_rows = first_fit(lengths, capacity)
-    ends = offsets + lengths
-    width = -(-int(ends.max(initial=1)) // pad_to_multiple_of) * pad_to_multiple_of
+    rows, offsets, n_rows, width = packed_layout(lengths, capacity, pad_to_multiple_of)
     instance = np.repeat(np.arange(len(lengths)), lengths)  # source row of every real token
     position = np.arange(len(instance)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     target = (rows[instance], offsets[instance] + position)

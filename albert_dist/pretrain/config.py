@@ -40,11 +40,12 @@ class PretrainDataSection(Section):
         "evaluation (seconds each; holds no memory); auto: memory when it takes at most a fifth of the object "
         "store. The training splits are read by row number from their shards on each worker either way.",
     )
-    packing: bool = Field(
-        False,
+    packing: bool | Literal["auto"] = Field(
+        "auto",
         description="Pack several instances into each row up to max_seq_length (attention, positions and "
-        "SOP kept per instance; same losses as unpacked): fewer rows of padding to compute. "
-        "benchmarks/bench_packing.py measures the gain.",
+        "SOP kept per instance; same losses as unpacked): fewer rows of padding to compute. auto: pack a batch "
+        "when that spares enough of its rows to pay for the packed rows' dearer attention (short documents), "
+        "keep it padded otherwise (full rows). benchmarks/bench_packing.py measures the gain.",
     )
 
 

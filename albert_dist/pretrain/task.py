@@ -49,7 +49,7 @@ class PretrainingSpec(TaskSpec):
     has_eval: bool
     init_from: str | None = None
     plateau_warning_after: float | None = None
-    packing: bool = False
+    packing: bool | str = False  # data.packing: True, False or "auto"
     phases: tuple[PhaseSpec, ...] = ()
     slots: int | None = None  # micro-batches per global micro-batch (the most workers); None: one per worker
 
@@ -213,13 +213,16 @@ class PretrainingTask(TrainingTask):
 
     def collate(self, rows, rng, max_seq_length: int, collator=None) -> dict[str, torch.Tensor]:
         """The batch masked by `collator` (default: the training masks), packed into rows of `max_seq_length`
-        when `data.packing` is on (masked first: the same masks either way)."""
-        from albert_dist.data.packing import pack_batch
+        when `data.packing` is on, or is auto and packing pays (masked first: the same masks either way)."""
+        from albert_dist.data.packing import pack_batch, packing_pays
 
         batch = (collator or self.collator)(rows, rng)
-        if not self.spec.packing:
+        multiple = self.collator.pad_to_multiple_of
+        if self.spec.packing is False or (
+            self.spec.packing == "auto" and not packing_pays(batch, max_seq_length, multiple)
+        ):
             return batch
-        return pack_batch(batch, max_seq_length, self.collator.pad_id, self.collator.pad_to_multiple_of)
+        return pack_batch(batch, max_seq_length, self.collator.pad_id, multiple)
 
     def save_model(self, model, directory: Path) -> None:
         from albert_dist.data.loading import load_prepared
