@@ -20,9 +20,9 @@ from albert_dist.data.masking import IGNORE_INDEX
 PACKED_INPUTS = ("position_ids", "sequence_ids", "cls_positions")
 
 #: `data.packing: auto` packs a batch when its packed rows hold at most this share of the token slots its padded
-#: rows hold (rows x width: a padded batch is as wide as its longest instance). A packed slot costs more than a
-#: padded one (the attention mask is one per pair of tokens, not per token): benchmarks/README.md#bench_packing
-#: measures where packing starts to pay.
+#: rows hold (rows x width: a padded batch is as wide as its longest instance). Batches of short documents fall
+#: below it, and packing them paid on every corpus measured; nearly full batches stay padded, where packing gained
+#: nothing measurable and its attention mask is per pair of tokens, not per token (benchmarks/README.md#bench_packing).
 AUTO_MAX_SLOT_SHARE = 0.8
 
 

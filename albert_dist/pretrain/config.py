@@ -44,8 +44,8 @@ class PretrainDataSection(Section):
         "auto",
         description="Pack several instances into each row up to max_seq_length (attention, positions and "
         "SOP kept per instance; same losses as unpacked): fewer rows of padding to compute. auto: pack a batch "
-        "when that spares enough of its rows to pay for the packed rows' dearer attention (short documents), "
-        "keep it padded otherwise (full rows). benchmarks/bench_packing.py measures the gain.",
+        "when its packed rows hold at most 80 % of its padded token slots (short documents), keep it padded "
+        "otherwise (nearly full rows). benchmarks/bench_packing.py measures the gain.",
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ class PretrainingSpec(TaskSpec):
     has_eval: bool
     init_from: str | None = None
     plateau_warning_after: float | None = None
-    packing: bool | str = False  # data.packing: True, False or "auto"
+    packing: bool | Literal["auto"] = False
     phases: tuple[PhaseSpec, ...] = ()
     slots: int | None = None  # micro-batches per global micro-batch (the most workers); None: one per worker
 
