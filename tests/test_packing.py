@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from albert_dist.data.masking import IGNORE_INDEX, MaskingCollator
-from albert_dist.data.packing import AUTO_MAX_SLOT_SHARE, first_fit, pack_batch, packing_pays
+from albert_dist.data.packing import AUTO_MAX_SLOT_SHARE, first_fit, pack_batch, packed_layout, packing_pays
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
@@ -161,16 +161,26 @@ def test_packing_pays_when_it_spares_enough_token_slots():
     row (a gain). Ten rows, 2m of them 32 tokens (m ≤ 4) and the rest full, pack into 10 − m rows as wide: the rule
     packs exactly when that share of slots is at most AUTO_MAX_SLOT_SHARE."""
 
-    def batch(lengths: list[int]) -> dict[str, torch.Tensor]:
-        """The attention mask of a padded batch: as wide as its longest instance, as the collator pads."""
-        return {"attention_mask": torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths])}
+    def pays(lengths: list[int]) -> bool:
+        """The rule for a padded batch of `lengths`: as wide as its longest instance, as the collator pads."""
+        _, _, n_rows, width = packed_layout(np.array(lengths), CAPACITY, 8)
+        return packing_pays(n_rows, width, len(lengths) * max(lengths))
 
-    assert not packing_pays(batch([32] * 10), CAPACITY) and not packing_pays(batch([CAPACITY] * 10), CAPACITY)
-    assert packing_pays(batch([CAPACITY] + [16] * 9), CAPACITY)  # 10 rows of 64 padded, 4 packed
+    assert not pays([32] * 10) and not pays([CAPACITY] * 10)
+    assert pays([CAPACITY] + [16] * 9)  # 10 rows of 64 padded, 4 packed
     decisions = set()
     for pairs in range(5):
         lengths = [CAPACITY] * (10 - 2 * pairs) + [32] * (2 * pairs)
         share = (10 - pairs) / 10  # packed rows over padded rows, both 64 wide
-        assert packing_pays(batch(lengths), CAPACITY) == (share <= AUTO_MAX_SLOT_SHARE), pairs
+        assert pays(lengths) == (share <= AUTO_MAX_SLOT_SHARE), pairs
         decisions.add(share <= AUTO_MAX_SLOT_SHARE)
     assert decisions == {True, False}  # the threshold lies inside the cases tried
+
+
+def test_a_batch_that_packing_would_not_pay_for_comes_back_as_it_was():
+    """`only_if_it_pays`: a batch of full rows is returned itself; one of short rows is packed as without it."""
+    full = {"attention_mask": torch.ones(4, CAPACITY, dtype=torch.long)}
+    assert pack_batch(full, CAPACITY, PAD, only_if_it_pays=True) is full
+    short = masked_batch(16)
+    packed, always = pack_batch(short, CAPACITY, PAD, only_if_it_pays=True), pack_batch(short, CAPACITY, PAD)
+    assert packed.keys() == always.keys() and all(torch.equal(packed[k], always[k]) for k in always)

@@ -53,20 +53,26 @@ def packed_layout(
     return rows, offsets, n_rows, -(-int(ends.max(initial=1)) // pad_to_multiple_of) * pad_to_multiple_of
 
 
-def packing_pays(batch: dict[str, torch.Tensor], capacity: int, pad_to_multiple_of: int = 8) -> bool:
-    """Whether packing the padded `batch` into rows of `capacity` spares enough token slots to pay
+def packing_pays(n_rows: int, width: int, padded_slots: int) -> bool:
+    """Whether `n_rows` packed rows of `width` tokens spare enough of the padded batch's `padded_slots` to pay
     (`AUTO_MAX_SLOT_SHARE`)."""
-    _, _, n_rows, width = packed_layout(batch["attention_mask"].sum(dim=1).numpy(), capacity, pad_to_multiple_of)
-    return n_rows * width <= AUTO_MAX_SLOT_SHARE * batch["attention_mask"].numel()
+    return n_rows * width <= AUTO_MAX_SLOT_SHARE * padded_slots
 
 
 def pack_batch(
-    batch: dict[str, torch.Tensor], capacity: int, pad_id: int, pad_to_multiple_of: int = 8
+    batch: dict[str, torch.Tensor],
+    capacity: int,
+    pad_id: int,
+    pad_to_multiple_of: int = 8,
+    only_if_it_pays: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The packed layout of a `MaskingCollator` batch (rows of at most `capacity` tokens, padded to a multiple of
-    `pad_to_multiple_of`); `sentence_order_label` keeps the instances' order, which `cls_positions` follows."""
+    `pad_to_multiple_of`); `sentence_order_label` keeps the instances' order, which `cls_positions` follows. With
+    `only_if_it_pays`, the batch as it came when packing does not pay (`packing_pays`)."""
     lengths = batch["attention_mask"].sum(dim=1).numpy()
     rows, offsets, n_rows, width = packed_layout(lengths, capacity, pad_to_multiple_of)
+    if only_if_it_pays and not packing_pays(n_rows, width, batch["attention_mask"].numel()):
+        return batch
     instance = np.repeat(np.arange(len(lengths)), lengths)  # source row of every real token
     position = np.arange(len(instance)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     target = (rows[instance], offsets[instance] + position)

@@ -214,15 +214,18 @@ class PretrainingTask(TrainingTask):
     def collate(self, rows, rng, max_seq_length: int, collator=None) -> dict[str, torch.Tensor]:
         """The batch masked by `collator` (default: the training masks), packed into rows of `max_seq_length`
         when `data.packing` is on, or is auto and packing pays (masked first: the same masks either way)."""
-        from albert_dist.data.packing import pack_batch, packing_pays
+        from albert_dist.data.packing import pack_batch
 
         batch = (collator or self.collator)(rows, rng)
-        multiple = self.collator.pad_to_multiple_of
-        if self.spec.packing is False or (
-            self.spec.packing == "auto" and not packing_pays(batch, max_seq_length, multiple)
-        ):
+        if self.spec.packing is False:
             return batch
-        return pack_batch(batch, max_seq_length, self.collator.pad_id, multiple)
+        return pack_batch(
+            batch,
+            max_seq_length,
+            self.collator.pad_id,
+            self.collator.pad_to_multiple_of,
+            only_if_it_pays=self.spec.packing == "auto",
+        )
 
     def save_model(self, model, directory: Path) -> None:
         from albert_dist.data.loading import load_prepared
